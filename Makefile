@@ -1,0 +1,71 @@
+# The README's two commands:
+#   make book   set everything up (.venv), execute every notebook, build the HTML book
+#   make test   set up if needed, then run every test (library, notebooks, book build, browser)
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.klbook-installed
+JB     := $(VENV)/bin/jupyter-book
+# -W: warnings are errors (a broken reference or a missing figure fails the build)
+JBFLAGS := -W --keep-going
+export PYTHONHASHSEED := 0
+export OMP_NUM_THREADS := 1
+export MPLBACKEND := Agg
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export KLBOOK_CACHE ?= $(CURDIR)/_build/klbook_cache
+
+NOTEBOOKS := $(sort $(wildcard chapters/*.ipynb)) $(sort $(wildcard exercises/*.ipynb)) $(sort $(wildcard exercises/masters/*.ipynb))
+
+.PHONY: setup book test test-lib test-notebooks test-book test-browser students print-notebooks clean help
+
+help:
+	@echo "make book   - set up .venv and build the book into _build/html"
+	@echo "make test   - run every test (library, notebooks, book build, browser check)"
+
+setup: $(STAMP)
+
+$(STAMP): requirements.txt pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade "pip>=24"
+	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+book: setup
+	$(JB) build . $(JBFLAGS)
+	@echo
+	@echo "The book is built. Open $(CURDIR)/_build/html/index.html in a browser."
+
+# Every test. nbval writes what it executes into the book's cache (conftest.py),
+# so the book build after it reuses those runs instead of executing twice.
+test: setup
+	$(MAKE) test-lib
+	$(MAKE) test-notebooks
+	$(MAKE) test-book
+	$(MAKE) test-browser
+
+# Everything after set-up runs with the network cut off (tools/offline.sh).
+OFFLINE := bash tools/offline.sh
+
+test-lib: setup
+	$(OFFLINE) $(PY) -m pytest tests -q -m "not browser"
+
+test-notebooks: setup
+	$(OFFLINE) $(PY) -m pytest -q --nbval-lax --nbval-cell-timeout=900 -p no:cacheprovider $(NOTEBOOKS)
+
+test-book: setup
+	$(OFFLINE) $(JB) build . $(JBFLAGS)
+
+test-browser: setup
+	bash tools/ensure_chromium.sh
+	$(OFFLINE) $(PY) -m pytest tests -q -m browser
+
+students: setup
+	$(VENV)/bin/klbook make-student
+
+print-notebooks:
+	@echo $(NOTEBOOKS)
+
+clean:
+	rm -rf _build

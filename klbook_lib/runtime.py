@@ -1,0 +1,49 @@
+"""Runtime settings shared by the notebooks: device, threads and demo size.
+
+Notebooks call :func:`setup` once at the top. The demo size is read from the
+environment variable ``KLBOOK_SIZE`` ("ci", "small" or "large"); when it is not set
+the size is "small" on a CPU and "large" when CUDA is available, so heavy demos
+scale down here and up on a GPU.
+"""
+from __future__ import annotations
+
+import os
+
+SIZES = ("ci", "small", "large")
+
+
+def default_device() -> str:
+    """``"cuda"`` when a CUDA GPU is visible to torch, else ``"cpu"``."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def book_size() -> str:
+    """The demo size: ``KLBOOK_SIZE`` if set, else "large" on a GPU and "small" on a CPU."""
+    size = os.environ.get("KLBOOK_SIZE")
+    if size is None:
+        return "large" if default_device() == "cuda" else "small"
+    if size not in SIZES:
+        raise ValueError(f"KLBOOK_SIZE must be one of {SIZES}, got {size!r}")
+    return size
+
+
+def setup(threads: int = 1, seed: int = 0) -> dict:
+    """Pin torch to ``threads`` CPU threads, seed numpy and torch, return the settings.
+
+    One thread is the right choice on a small shared CPU: two threads on a busy
+    two-core machine were measured to be several times slower.
+    """
+    import numpy as np
+    import torch
+
+    if threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    torch.set_num_threads(threads)
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    # numpy >= 2 prints scalars as "np.float64(0.5)"; the book glues printed values into
+    # its prose, so print them as plain numbers.
+    np.set_printoptions(legacy="1.25")
+    return {"device": default_device(), "size": book_size(), "threads": threads, "seed": seed}
