@@ -8,6 +8,8 @@ STAMP  := $(VENV)/.klbook-installed
 JB     := $(VENV)/bin/jupyter-book
 # -W: warnings are errors (a broken reference or a missing figure fails the build)
 JBFLAGS := -W --keep-going
+# notebooks run two at a time (one torch thread each) on a 2-core machine
+JOBS ?= 2
 export PYTHONHASHSEED := 0
 export OMP_NUM_THREADS := 1
 export MPLBACKEND := Agg
@@ -49,10 +51,10 @@ test: setup
 OFFLINE := bash tools/offline.sh
 
 test-lib: setup
-	$(OFFLINE) $(PY) -m pytest tests -q -m "not browser"
+	$(OFFLINE) $(PY) -m pytest tests -q -n $(JOBS) -m "not browser"
 
 test-notebooks: setup
-	$(OFFLINE) $(PY) -m pytest -q --nbval-lax --nbval-cell-timeout=900 -p no:cacheprovider $(NOTEBOOKS)
+	$(OFFLINE) $(PY) -m pytest -q -n $(JOBS) --dist loadfile --nbval-lax --nbval-cell-timeout=900 -p no:cacheprovider $(NOTEBOOKS)
 
 test-book: setup
 	$(OFFLINE) $(JB) build . $(JBFLAGS)

@@ -193,3 +193,31 @@ def test_screenshots(browser, server):
         finally:
             page.close()
         assert (SHOTS / name).stat().st_size > 10_000, f"{name} looks empty"
+
+
+def _chapter_pages() -> list[str]:
+    return [str(p.relative_to(HTML)) for p in sorted((HTML / "chapters").glob("[0-9][0-9]_*.html"))] \
+        if HTML.exists() else []
+
+
+@pytest.mark.parametrize("rel", _chapter_pages())
+def test_chapter_apparatus_renders(browser, server, rel):
+    """Citations link to the bibliography, proof/definition blocks render, and the hidden
+    solutions of the in-text exercises open when their toggle is clicked."""
+    page, errors = _open(browser, urljoin(server, rel))
+    try:
+        cites = page.eval_on_selector_all("a[href*='bibliography.html#id'], a[href*='bibliography.html#']",
+                                          "els => els.length")
+        blocks = page.eval_on_selector_all("div.proof, div.exercise", "els => els.length")
+        sol = page.query_selector("div.solution.dropdown")
+        assert sol is not None, f"{rel}: no hidden solution"
+        body = sol.query_selector("section, p:not(.admonition-title)")
+        assert body is not None and not body.is_visible(), f"{rel}: the solution is not hidden"
+        sol.query_selector("button.toggle-button, .admonition-title").click()
+        page.wait_for_timeout(400)
+        assert body.is_visible(), f"{rel}: clicking the toggle did not reveal the solution"
+    finally:
+        page.close()
+    assert cites >= 1, f"{rel}: no citation links to the bibliography"
+    assert blocks >= 1, f"{rel}: no theorem, definition or exercise block rendered"
+    assert not errors, errors
