@@ -1,0 +1,426 @@
+"""PPO for RLHF on a GPT-2 policy: sampling, per-token KL rewards, GAE, clipped updates.
+
+One iteration of :func:`train_ppo`:
+
+1. draw ``batch_size`` prompts and sample a response to each from ``pi_theta`` *by hand*
+   (softmax of ``logits / temperature``, no top-k, no top-p: the sampling distribution
+   is exactly the policy whose log-probabilities enter the KL);
+2. score each ``prompt + response`` with the reward model; a response that never emits
+   EOS gets ``missing_eos_score`` instead (the reward model was trained on finished
+   sentences only);
+3. compute ``log pi_theta`` and ``log pi_ref`` of the sampled tokens at the *same*
+   temperature, and the per-token reward ``R_t = -beta k(t) + 1[t = T] score``
+   (:func:`klbook_lib.rlhf.rewards.per_token_rewards`);
+4. values from a separate value model (initialised from the reward model), advantages by
+   GAE over the response tokens (Schulman et al. 2016);
+5. a few epochs of the clipped surrogate objective (Schulman et al. 2017) on minibatches.
+
+Every iteration logs the reward-model score, the exact KL ``KL(pi_theta || pi_ref)`` summed
+over the vocabulary at every sampled prefix, the k1/k3 estimates (per token and per
+sequence), ``beta``, the policy entropy, the response length and the hidden true reward.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from tqdm import tqdm
+
+from . import data as _data
+from .models import ScalarHeadModel, lm_logits
+
+
+def _rewards_module():
+    # imported lazily: written alongside this module by another author
+    from . import rewards
+    return rewards
+
+
+@dataclass
+class PPOConfig:
+    """Hyperparameters of the PPO-RLHF loop (defaults sized for the ``tiny`` preset on a CPU)."""
+
+    batch_size: int = 64
+    max_new_tokens: int = 16
+    temperature: float = 1.0
+    lr: float = 3e-4
+    value_lr: float = 1e-3
+    ppo_epochs: int = 2
+    minibatch_size: int = 32
+    clip_range: float = 0.2
+    value_clip: float = 0.2
+    vf_coef: float = 0.5
+    gamma: float = 1.0
+    lam: float = 0.95
+    kl_estimator: str = "k1"
+    score_clip: float | None = 5.0
+    missing_eos_score: float | None = -2.0
+    max_grad_norm: float = 1.0
+    whiten_advantages: bool = True
+
+    def check(self) -> "PPOConfig":
+        for name in ("batch_size", "max_new_tokens", "ppo_epochs", "minibatch_size"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name}: must be a positive integer, got {v!r}")
+        for name in ("temperature", "lr", "value_lr", "clip_range"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}: must be positive, got {getattr(self, name)!r}")
+        if not 0 <= self.gamma <= 1 or not 0 <= self.lam <= 1:
+            raise ValueError(f"gamma and lam: must lie in [0, 1], got {self.gamma} and {self.lam}")
+        if self.kl_estimator not in ("k1", "k2", "k3"):
+            raise ValueError(f"kl_estimator: must be 'k1', 'k2' or 'k3', got {self.kl_estimator!r}")
+        if self.minibatch_size > self.batch_size:
+            raise ValueError(f"minibatch_size: {self.minibatch_size} exceeds batch_size {self.batch_size}")
+        return self
+
+
+@dataclass
+class Rollout:
+    """A batch of sampled responses. Response tensors are ``[B, N]``, right-padded."""
+
+    prompts: list
+    responses: list              # decoded response texts (without EOS)
+    input_ids: torch.Tensor      # [B, P + N]: left-padded bos+prompt, then the response
+    attention_mask: torch.Tensor
+    prompt_len: int              # P
+    response_ids: torch.Tensor   # [B, N]
+    response_mask: torch.Tensor  # [B, N], 1 on real response tokens (EOS included)
+    has_eos: torch.Tensor        # [B] bool
+
+
+def encode_prompts(tokenizer, prompts: Sequence[str], device: str | torch.device = "cpu"):
+    """``bos + prompt`` for each prompt, left-padded: ``(input_ids, attention_mask)``."""
+    if len(prompts) == 0:
+        raise ValueError("prompts: need at least one prompt")
+    rows = [[tokenizer.bos_token_id] + tokenizer.encode(p, add_special_tokens=False) for p in prompts]
+    P = max(len(r) for r in rows)
+    ids = torch.full((len(rows), P), tokenizer.pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), P), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, P - len(r):] = torch.tensor(r)
+        mask[i, P - len(r):] = 1
+    return ids.to(device), mask.to(device)
+
+
+@torch.no_grad()
+def sample_responses(policy, tokenizer, prompts: Sequence[str], max_new_tokens: int = 16,
+                     temperature: float = 1.0, generator: torch.Generator | None = None) -> Rollout:
+    """Sample one response per prompt from ``softmax(logits / temperature)``, token by token.
+
+    No top-k or top-p truncation (``generate(do_sample=True)`` in transformers 5 silently
+    applies ``top_k=50``). Tokens after a row's EOS are pads with mask 0.
+    """
+    if not temperature > 0:
+        raise ValueError(f"temperature: must be positive, got {temperature!r}")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens: must be >= 1, got {max_new_tokens!r}")
+    device = next(policy.parameters()).device
+    ids, mask = encode_prompts(tokenizer, prompts, device)
+    P = ids.shape[1]
+    B = ids.shape[0]
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    done = torch.zeros(B, dtype=torch.bool, device=device)
+    for _ in range(max_new_tokens):
+        logits = lm_logits(policy, ids, mask)[:, -1].float() / temperature
+        probs = torch.softmax(logits, dim=-1)
+        tok = torch.multinomial(probs.cpu(), 1, generator=generator).squeeze(1).to(device)
+        tok = torch.where(done, torch.full_like(tok, pad), tok)
+        ids = torch.cat([ids, tok[:, None]], dim=1)
+        mask = torch.cat([mask, (~done).long()[:, None]], dim=1)
+        done = done | (tok == eos)
+        if bool(done.all()):
+            break
+    response_ids = ids[:, P:]
+    response_mask = mask[:, P:]
+    has_eos = ((response_ids == eos) & (response_mask == 1)).any(dim=1)
+    texts = []
+    for i in range(B):
+        toks = [t for t, m in zip(response_ids[i].tolist(), response_mask[i].tolist()) if m and t != eos]
+        texts.append(tokenizer.decode(toks))
+    return Rollout(list(prompts), texts, ids, mask, P, response_ids, response_mask, has_eos)
+
+
+def response_logits(model, rollout: Rollout, temperature: float = 1.0) -> torch.Tensor:
+    """Logits ``[B, N, V]`` (divided by ``temperature``) that predict each response token."""
+    logits = lm_logits(model, rollout.input_ids, rollout.attention_mask)
+    P = rollout.prompt_len
+    return logits[:, P - 1:-1].float() / temperature
+
+
+def reward_scores(reward_model: ScalarHeadModel, rollout: Rollout,
+                  missing_eos_score: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(scores, raw_scores)``: the reward model's score of each ``prompt + response``.
+
+    ``raw_scores`` is the head at the last real token; ``scores`` replaces it by
+    ``missing_eos_score`` for responses without EOS (if that is not None).
+    """
+    with torch.no_grad():
+        raw = reward_model.score(rollout.input_ids, rollout.attention_mask).float()
+    if missing_eos_score is None:
+        return raw, raw
+    return torch.where(rollout.has_eos, raw, torch.full_like(raw, float(missing_eos_score))), raw
+
+
+def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
+        gamma: float = 1.0, lam: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation over right-padded token sequences.
+
+    ``rewards``, ``values`` and ``mask`` are ``[B, N]``; ``values[:, t]`` is ``V(s_t)``, the value
+    before token t. The episode ends after the last real token (no bootstrap). Returns
+    ``(advantages, returns)``, zero on pads.
+    """
+    if not (rewards.shape == values.shape == mask.shape):
+        raise ValueError(f"rewards, values, mask: shapes differ, {tuple(rewards.shape)}, "
+                         f"{tuple(values.shape)}, {tuple(mask.shape)}")
+    m = mask.to(rewards.dtype)
+    B, N = rewards.shape
+    adv = torch.zeros_like(rewards)
+    last = torch.zeros(B, dtype=rewards.dtype, device=rewards.device)
+    for t in reversed(range(N)):
+        m_next = m[:, t + 1] if t + 1 < N else torch.zeros_like(last)
+        v_next = values[:, t + 1] * m_next if t + 1 < N else torch.zeros_like(last)
+        delta = rewards[:, t] + gamma * v_next - values[:, t]
+        last = delta + gamma * lam * m_next * last
+        adv[:, t] = last * m[:, t]
+    returns = (adv + values) * m
+    return adv, returns
+
+
+def _masked_mean(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    m = m.float()
+    return (x * m).sum() / m.sum().clamp(min=1.0)
+
+
+@torch.no_grad()
+def _measure_from_logits(logits: torch.Tensor, ref_logits: torch.Tensor, reward_model: ScalarHeadModel,
+                         rollout: Rollout, missing_eos_score: float | None):
+    """(stats, logprobs, ref_logprobs, scores) from the response logits of pi_theta and pi_ref."""
+    R = _rewards_module()
+    mask = rollout.response_mask
+    lp = R.token_logprobs(logits, rollout.response_ids)
+    ref_lp = R.token_logprobs(ref_logits, rollout.response_ids)
+    exact = R.exact_token_kl(logits, ref_logits, mask)
+    k1 = R.kl_per_token(lp, ref_lp, "k1")
+    k3 = R.kl_per_token(lp, ref_lp, "k3")
+    logp = torch.log_softmax(logits, -1)
+    ent = -(logp.exp() * logp).sum(-1)
+    scores, raw = reward_scores(reward_model, rollout, missing_eos_score)
+    true_r = torch.tensor([_data.true_reward(r) for r in rollout.responses])
+    lengths = mask.float().sum(1)
+    stats = {
+        "score": float(scores.mean()),
+        "score_raw": float(raw.mean()),
+        "true_reward": float(true_r.mean()),
+        "kl_exact_seq": float(R.sequence_sum(exact, mask).mean()),
+        "kl_exact_token": float(R.masked_mean(exact, mask)),
+        "k1_seq": float(R.sequence_sum(k1, mask).mean()),
+        "k1_token": float(R.masked_mean(k1, mask)),
+        "k3_seq": float(R.sequence_sum(k3, mask).mean()),
+        "k3_token": float(R.masked_mean(k3, mask)),
+        "entropy_token": float(R.masked_mean(ent, mask)),
+        "entropy_seq": float(R.sequence_sum(ent, mask).mean()),
+        "ref_nll_token": float(-R.masked_mean(ref_lp, mask)),
+        "response_length": float(lengths.mean()),
+        "eos_fraction": float(rollout.has_eos.float().mean()),
+        "distinct_fraction": len(set(rollout.responses)) / len(rollout.responses),
+    }
+    return stats, lp, ref_lp, scores
+
+
+@torch.no_grad()
+def measure(policy, ref_model, reward_model, tokenizer, rollout: Rollout, temperature: float = 1.0,
+            missing_eos_score: float | None = None) -> dict:
+    """Statistics of a rollout: score, true reward, exact and estimated KL, entropy, length.
+
+    KL is ``KL(pi_theta || pi_ref)`` of the sampled prefixes: ``kl_exact_*`` sums over the
+    vocabulary at every position, ``k1_*`` and ``k3_*`` use only the sampled tokens;
+    ``*_seq`` are sums over a response's tokens averaged over the batch, ``*_token`` means
+    over all response tokens. ``ref_nll_token`` is the mean ``-log pi_ref`` of the sampled
+    tokens; ``distinct_fraction`` the fraction of distinct response texts.
+    """
+    logits = response_logits(policy, rollout, temperature)
+    ref_logits = response_logits(ref_model, rollout, temperature)
+    return _measure_from_logits(logits, ref_logits, reward_model, rollout, missing_eos_score)[0]
+
+
+def ppo_step(policy, ref_model, reward_model, value_model, ro: Rollout, beta: float, cfg: PPOConfig,
+             opt_pi: torch.optim.Optimizer, opt_v: torch.optim.Optimizer,
+             generator: torch.Generator | None = None) -> tuple[dict, dict]:
+    """One PPO-RLHF update on a sampled rollout ``ro``; returns ``(stats, diagnostics)``.
+
+    ``stats`` (from :func:`measure`) describe the rollout before the update; the
+    diagnostics average ``pg_loss``, ``vf_loss``, ``clipfrac`` and ``approx_kl_k3`` (the k3
+    estimate of ``KL(pi_old || pi_theta)`` on the batch) over the minibatches.
+    """
+    R = _rewards_module()
+    mask = ro.response_mask
+    B = len(ro.prompts)
+    cur_beta = float(beta)
+    with torch.no_grad():
+        stats, old_lp, ref_lp, scores = _measure_from_logits(
+            response_logits(policy, ro, cfg.temperature), response_logits(ref_model, ro, cfg.temperature),
+            reward_model, ro, cfg.missing_eos_score)
+        rewards = R.per_token_rewards(old_lp, ref_lp, scores, mask, cur_beta,
+                                      estimator=cfg.kl_estimator, score_clip=cfg.score_clip)
+        P = ro.prompt_len
+        old_values = value_model(ro.input_ids, ro.attention_mask)[:, P - 1:-1].float() * mask
+        adv, returns = gae(rewards, old_values, mask, cfg.gamma, cfg.lam)
+        if cfg.whiten_advantages:
+            mu = _masked_mean(adv, mask)
+            sd = _masked_mean((adv - mu) ** 2, mask).sqrt()
+            adv = (adv - mu) / (sd + 1e-8) * mask
+    policy.train()
+    diag = {"pg_loss": [], "vf_loss": [], "clipfrac": [], "approx_kl_k3": []}
+    for _ in range(cfg.ppo_epochs):
+        perm = torch.randperm(B, generator=generator).tolist()
+        for s in range(0, B, cfg.minibatch_size):
+            mb = perm[s:s + cfg.minibatch_size]
+            sub = Rollout([ro.prompts[i] for i in mb], [ro.responses[i] for i in mb], ro.input_ids[mb],
+                          ro.attention_mask[mb], P, ro.response_ids[mb], ro.response_mask[mb], ro.has_eos[mb])
+            m = sub.response_mask
+            new_lp = R.token_logprobs(response_logits(policy, sub, cfg.temperature), sub.response_ids)
+            log_ratio = (new_lp - old_lp[mb]) * m
+            ratio = log_ratio.exp()
+            a = adv[mb]
+            pg = torch.maximum(-a * ratio, -a * ratio.clamp(1 - cfg.clip_range, 1 + cfg.clip_range))
+            pg_loss = _masked_mean(pg, m)
+            v = value_model(sub.input_ids, sub.attention_mask)[:, P - 1:-1].float()
+            v_old = old_values[mb]
+            v_clip = v_old + (v - v_old).clamp(-cfg.value_clip, cfg.value_clip)
+            ret = returns[mb]
+            vf_loss = 0.5 * _masked_mean(torch.maximum((v - ret) ** 2, (v_clip - ret) ** 2), m)
+            opt_pi.zero_grad(set_to_none=True)
+            opt_v.zero_grad(set_to_none=True)
+            (pg_loss + cfg.vf_coef * vf_loss).backward()
+            torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
+            torch.nn.utils.clip_grad_norm_(value_model.parameters(), cfg.max_grad_norm)
+            opt_pi.step()
+            opt_v.step()
+            with torch.no_grad():
+                diag["pg_loss"].append(float(pg_loss))
+                diag["vf_loss"].append(float(vf_loss))
+                diag["clipfrac"].append(float(_masked_mean(((ratio - 1).abs() > cfg.clip_range).float(), m)))
+                diag["approx_kl_k3"].append(float(_masked_mean((ratio - 1) - log_ratio, m)))
+    policy.eval()
+    return stats, {k: sum(v) / len(v) for k, v in diag.items()}
+
+
+def _controller_value(beta, controller) -> float:
+    return float(controller.value) if controller is not None else float(beta)
+
+
+def train_ppo(policy, ref_model, reward_model: ScalarHeadModel, value_model: ScalarHeadModel, tokenizer,
+              prompts: Sequence[str], iterations: int = 60, beta: float = 0.1, controller=None,
+              config: PPOConfig | None = None, seed: int = 0, progress: bool = True,
+              checkpoint_dir: str | os.PathLike | None = None, checkpoint_every: int = 0) -> list[dict]:
+    """Run ``iterations`` PPO-RLHF iterations in place on ``policy`` and ``value_model``.
+
+    ``beta`` is a fixed KL coefficient; a ``controller`` (e.g.
+    :class:`klbook_lib.controllers.ProportionalKL`) overrides it and is updated after every
+    iteration with the mean per-sequence k1 KL and ``n_steps = batch_size``. Returns the
+    history: one dict per iteration with the rollout statistics of :func:`measure`
+    (measured *before* that iteration's update), ``beta`` and the update's diagnostics
+    (``pg_loss``, ``vf_loss``, ``clipfrac``, ``approx_kl_k3`` between old and new policy).
+    Checkpoints (``save_pretrained``) go to ``checkpoint_dir/iter_XXXX`` every
+    ``checkpoint_every`` iterations when both are given.
+    """
+    cfg = (config or PPOConfig()).check()
+    if iterations < 1:
+        raise ValueError(f"iterations: must be >= 1, got {iterations!r}")
+    if controller is None and (not isinstance(beta, (int, float)) or beta < 0 or math.isnan(beta)):
+        raise ValueError(f"beta: must be a non-negative number, got {beta!r}")
+    if len(prompts) == 0:
+        raise ValueError("prompts: need at least one prompt")
+    R = _rewards_module()
+    device = next(policy.parameters()).device
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
+    policy.train()
+    value_model.train()
+    opt_pi = torch.optim.Adam([p for p in policy.parameters() if p.requires_grad], lr=cfg.lr)
+    opt_v = torch.optim.Adam([p for p in value_model.parameters() if p.requires_grad], lr=cfg.value_lr)
+    history = []
+    for it in tqdm(range(iterations), desc="PPO", disable=not progress):
+        t0 = time.time()
+        idx = torch.randint(len(prompts), (cfg.batch_size,), generator=gen).tolist()
+        batch_prompts = [prompts[i] for i in idx]
+        policy.eval()
+        ro = sample_responses(policy, tokenizer, batch_prompts, cfg.max_new_tokens, cfg.temperature, gen)
+        cur_beta = _controller_value(beta, controller)
+        stats, diag = ppo_step(policy, ref_model, reward_model, value_model, ro, cur_beta, cfg,
+                               opt_pi, opt_v, gen)
+        row = {"iteration": it, "beta": cur_beta, **stats, **diag, "seconds": time.time() - t0}
+        if controller is not None:
+            controller.update(stats["k1_seq"], n_steps=cfg.batch_size)
+        history.append(row)
+        if checkpoint_dir is not None and checkpoint_every and (it + 1) % checkpoint_every == 0:
+            policy.save_pretrained(Path(checkpoint_dir) / f"iter_{it + 1:04d}")
+    policy.eval()
+    value_model.eval()
+    return history
+
+
+@dataclass
+class RLHFResult:
+    """What :func:`run_rlhf` returns: the tuned policy, its value model and the history."""
+
+    policy: object
+    value_model: ScalarHeadModel
+    history: list
+    config: PPOConfig
+    beta: float | None = None
+    seed: int = 0
+    extra: dict = field(default_factory=dict)
+
+    def history_columns(self) -> dict:
+        """The history as a dict of lists (one list per logged quantity)."""
+        return {k: [row[k] for row in self.history] for k in self.history[0]} if self.history else {}
+
+
+def run_rlhf(pipeline, beta: float = 0.1, steps: int = 60, seed: int = 0, controller=None,
+             config: PPOConfig | None = None, progress: bool = True,
+             checkpoint_dir: str | os.PathLike | None = None, checkpoint_every: int = 0) -> RLHFResult:
+    """PPO-RLHF from the pipeline's ``pi_ref`` with reward model and prompts; ``steps`` iterations.
+
+    The policy starts as a copy of the SFT model, the value model as a copy of the reward
+    model. ``controller`` (if given) sets ``beta`` adaptively instead of the fixed ``beta``.
+    """
+    if not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps: must be a positive integer, got {steps!r}")
+    policy = pipeline.new_policy()
+    value_model = copy.deepcopy(pipeline.reward_model)
+    for p in value_model.parameters():
+        p.requires_grad_(True)
+    cfg = config or PPOConfig()
+    hist = train_ppo(policy, pipeline.ref_model, pipeline.reward_model, value_model, pipeline.tokenizer,
+                     pipeline.prompts, iterations=steps, beta=beta, controller=controller, config=cfg,
+                     seed=seed, progress=progress, checkpoint_dir=checkpoint_dir,
+                     checkpoint_every=checkpoint_every)
+    return RLHFResult(policy=policy, value_model=value_model, history=hist, config=cfg,
+                      beta=None if controller is not None else float(beta), seed=seed)
+
+
+@torch.no_grad()
+def evaluate_policy(pipeline, policy, n: int = 256, seed: int = 1234, temperature: float = 1.0,
+                    max_new_tokens: int = 16, missing_eos_score: float | None = -2.0) -> tuple[dict, Rollout]:
+    """Sample ``n`` responses from ``policy`` to random prompts; return ``(stats, rollout)``.
+
+    ``stats`` are those of :func:`measure` against the pipeline's ``pi_ref`` and reward model.
+    """
+    if n < 1:
+        raise ValueError(f"n: must be >= 1, got {n!r}")
+    gen = torch.Generator().manual_seed(seed)
+    idx = torch.randint(len(pipeline.prompts), (n,), generator=gen).tolist()
+    policy.eval()
+    ro = sample_responses(policy, pipeline.tokenizer, [pipeline.prompts[i] for i in idx],
+                          max_new_tokens, temperature, gen)
+    stats = measure(policy, pipeline.ref_model, pipeline.reward_model, pipeline.tokenizer, ro,
+                    temperature, missing_eos_score)
+    return stats, ro
