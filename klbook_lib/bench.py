@@ -1,0 +1,223 @@
+"""Benchmarks (not unit tests): ``python -m klbook_lib.bench ppo`` and ``... ppo-cuda``.
+
+``ppo``
+    Trains this library's PPO (the fast CartPole preset) and Stable-Baselines3's PPO with the
+    rl-baselines3-zoo CartPole-v1 hyperparameters side by side, alternating which goes first,
+    for several seeds, on one torch thread. For each run it prints the environment steps and
+    wall-clock seconds until the mean return of the last 20 finished episodes reaches 475,
+    then the fraction of seeds that got there and the median wall-time ratio SB3 / ours.
+    Needs the extras in ``requirements-bench.txt`` (stable-baselines3, gymnasium).
+
+``ppo-cuda``
+    Environment steps per second of the batched CartPole on CUDA for several batch sizes,
+    and the time to solve CartPole with many environments on the GPU. Exits with an error
+    when CUDA is not available (``--allow-cpu`` runs the same code on the CPU, slowly, to
+    check it).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+SOLVE_RETURN = 475.0
+WINDOW = 20
+
+# rl-baselines3-zoo hyperparams/ppo.yml, CartPole-v1
+SB3_ZOO = dict(n_envs=8, n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98, n_epochs=20,
+               ent_coef=0.0, learning_rate=1e-3, clip_range=0.2, n_timesteps=100_000)
+
+
+def run_ours(seed: int, max_steps: int = 100_000, **overrides) -> dict:
+    from klbook_lib import ppo
+
+    cfg = ppo.PPOConfig.cartpole_fast(seed=seed, total_timesteps=max_steps, stop_at_return=SOLVE_RETURN,
+                                      solve_window=WINDOW, **overrides)
+    t0 = time.perf_counter()
+    res = ppo.train(cfg, progress=False)
+    wall = time.perf_counter() - t0
+    return {"algo": "ours", "seed": seed, "solved": res.solved, "steps": res.solved_at_step,
+            "seconds": wall if res.solved else None, "total_seconds": wall}
+
+
+def run_sb3(seed: int, max_steps: int = SB3_ZOO["n_timesteps"]) -> dict:
+    try:
+        from stable_baselines3 import PPO
+        from stable_baselines3.common.callbacks import BaseCallback
+        from stable_baselines3.common.env_util import make_vec_env
+        from stable_baselines3.common.logger import Logger
+    except ImportError as exc:  # pragma: no cover - depends on the optional extras
+        raise SystemExit("bench ppo: stable-baselines3 and gymnasium are needed: "
+                         "pip install -r requirements-bench.txt") from exc
+    from collections import deque
+
+    class SolveCallback(BaseCallback):
+        def __init__(self):
+            super().__init__()
+            self.recent = deque(maxlen=WINDOW)
+            self.solved_at = None
+            self.solved_time = None
+
+        def _on_step(self) -> bool:
+            for info in self.locals["infos"]:
+                ep = info.get("episode")
+                if ep is not None:
+                    self.recent.append(float(ep["r"]))
+            if len(self.recent) == WINDOW and sum(self.recent) / WINDOW >= SOLVE_RETURN:
+                self.solved_at = self.num_timesteps
+                self.solved_time = time.perf_counter()
+                return False
+            return True
+
+    zoo = SB3_ZOO
+    t0 = time.perf_counter()
+    env = make_vec_env("CartPole-v1", n_envs=zoo["n_envs"], seed=seed)
+    model = PPO("MlpPolicy", env, n_steps=zoo["n_steps"], batch_size=zoo["batch_size"],
+                gae_lambda=zoo["gae_lambda"], gamma=zoo["gamma"], n_epochs=zoo["n_epochs"],
+                ent_coef=zoo["ent_coef"], learning_rate=lambda f: f * zoo["learning_rate"],
+                clip_range=lambda f: f * zoo["clip_range"], seed=seed, device="cpu", verbose=0)
+    model.set_logger(Logger(folder=None, output_formats=[]))  # no log folder in /tmp
+    cb = SolveCallback()
+    model.learn(total_timesteps=max_steps, callback=cb)
+    wall = time.perf_counter() - t0
+    solved = cb.solved_at is not None
+    env.close()
+    return {"algo": "sb3", "seed": seed, "solved": solved, "steps": cb.solved_at,
+            "seconds": (cb.solved_time - t0) if solved else None, "total_seconds": wall}
+
+
+def _fmt(r: dict) -> str:
+    if r["solved"]:
+        return (f"{r['algo']:>5}  seed {r['seed']}  solved after {r['steps']:>7,d} steps "
+                f"in {r['seconds']:6.2f} s")
+    return f"{r['algo']:>5}  seed {r['seed']}  NOT solved ({r['total_seconds']:.1f} s)"
+
+
+def bench_ppo(seeds: int = 5, json_path: str | None = None) -> dict:
+    torch.set_num_threads(1)
+    print(f"bench ppo: {seeds} seeds, 1 torch thread, solved = mean of last {WINDOW} episodes "
+          f">= {SOLVE_RETURN:g}", flush=True)
+    # warm-up (imports, first optimizer step), not timed
+    run_ours(0, max_steps=512)
+    run_sb3(0, max_steps=512)
+    runs = []
+    for seed in range(seeds):
+        order = (run_ours, run_sb3) if seed % 2 == 0 else (run_sb3, run_ours)
+        for fn in order:
+            r = fn(seed)
+            runs.append(r)
+            print(_fmt(r), flush=True)
+    summary = {}
+    for algo in ("ours", "sb3"):
+        rs = [r for r in runs if r["algo"] == algo]
+        ok = [r for r in rs if r["solved"]]
+        summary[algo] = {
+            "solved_fraction": len(ok) / len(rs),
+            "median_steps": statistics.median(r["steps"] for r in ok) if ok else None,
+            "median_seconds": statistics.median(r["seconds"] for r in ok) if ok else None,
+        }
+    ratios = []
+    for seed in range(seeds):
+        o = next(r for r in runs if r["algo"] == "ours" and r["seed"] == seed)
+        s = next(r for r in runs if r["algo"] == "sb3" and r["seed"] == seed)
+        if o["solved"] and s["solved"]:
+            ratios.append(s["seconds"] / o["seconds"])
+    summary["median_ratio_sb3_over_ours"] = statistics.median(ratios) if ratios else None
+    print()
+    for algo in ("ours", "sb3"):
+        s = summary[algo]
+        med_steps = f"{s['median_steps']:,.0f}" if s["median_steps"] is not None else "-"
+        med_sec = f"{s['median_seconds']:.2f}" if s["median_seconds"] is not None else "-"
+        print(f"{algo:>5}: solved {s['solved_fraction']:.0%} of seeds, median {med_steps} steps, "
+              f"median {med_sec} s")
+    if ratios:
+        print(f"median wall-time ratio SB3/ours over seeds solved by both: "
+              f"{summary['median_ratio_sb3_over_ours']:.2f} (per seed: "
+              + ", ".join(f"{x:.2f}" for x in ratios) + ")")
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump({"runs": runs, "summary": summary}, f, indent=2)
+    return summary
+
+
+# Many-environment preset for a GPU: the batch grows, the number of gradient steps stays small.
+CUDA_PRESET = dict(num_envs=1024, num_steps=16, update_epochs=4, num_minibatches=4,
+                   learning_rate=3e-3, clip_coef=0.2, total_timesteps=4_000_000)
+
+
+def bench_ppo_cuda(allow_cpu: bool = False, seeds: int = 3, json_path: str | None = None) -> dict:
+    from klbook_lib import envs, ppo
+
+    if torch.cuda.is_available():
+        device = "cuda"
+    elif allow_cpu:
+        device = "cpu"
+        print("bench ppo-cuda: CUDA is not available; --allow-cpu runs the same code on the CPU")
+    else:
+        raise SystemExit("bench ppo-cuda: CUDA is not available (torch.cuda.is_available() is False). "
+                         "Run it on a machine with an NVIDIA GPU and a CUDA build of torch, or use "
+                         "`python -m klbook_lib.bench ppo` for the CPU benchmark.")
+
+    def sync():
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    out = {"device": device, "env_steps_per_s": {}, "runs": []}
+    sizes = (1024, 16384, 131072) if device == "cuda" else (256, 4096)
+    for n in sizes:
+        env = envs.CartPole(n, device=device, seed=0)
+        gen = torch.Generator(device=device).manual_seed(0)
+        for _ in range(10):
+            env.step(torch.randint(0, 2, (n,), device=device, generator=gen))
+        sync()
+        steps = 200
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            env.step(torch.randint(0, 2, (n,), device=device, generator=gen))
+        sync()
+        rate = n * steps / (time.perf_counter() - t0)
+        out["env_steps_per_s"][n] = rate
+        print(f"CartPole x {n:>7,d} on {device}: {rate:,.0f} env steps/s (random actions)", flush=True)
+    ppo.train(ppo.PPOConfig(device=device, **{**CUDA_PRESET, "total_timesteps": 2 * 16 * 1024,
+                                              "stop_at_return": None}), progress=False)  # warm-up
+    for seed in range(seeds):
+        cfg = ppo.PPOConfig(device=device, seed=seed, **CUDA_PRESET)
+        t0 = time.perf_counter()
+        res = ppo.train(cfg, progress=False)
+        wall = time.perf_counter() - t0
+        r = {"seed": seed, "solved": res.solved, "steps": res.solved_at_step,
+             "seconds": res.solved_at_time, "updates": len(res.history["update"]), "total_seconds": wall}
+        out["runs"].append(r)
+        if res.solved:
+            print(f"PPO {CUDA_PRESET['num_envs']} envs seed {seed}: solved after {res.solved_at_step:,d} "
+                  f"steps ({r['updates']} updates) in {res.solved_at_time:.2f} s", flush=True)
+        else:
+            print(f"PPO {CUDA_PRESET['num_envs']} envs seed {seed}: NOT solved in {wall:.1f} s", flush=True)
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(out, f, indent=2)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m klbook_lib.bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("which", choices=["ppo", "ppo-cuda"])
+    parser.add_argument("--seeds", type=int, default=None, help="number of seeds (ppo: 5, ppo-cuda: 3)")
+    parser.add_argument("--json", default=None, help="also write the results to this JSON file")
+    parser.add_argument("--allow-cpu", action="store_true", help="ppo-cuda: run on the CPU if CUDA is absent")
+    args = parser.parse_args(argv)
+    if args.seeds is not None and args.seeds < 1:
+        parser.error("--seeds: must be a positive integer")
+    if args.which == "ppo":
+        bench_ppo(args.seeds or 5, args.json)
+    else:
+        bench_ppo_cuda(args.allow_cpu, args.seeds or 3, args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,153 @@
+"""The monitor's KL formulas and statistics against torch.distributions, numpy and hand values."""
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch.distributions import Categorical, Independent, Normal, kl_divergence
+
+from klbook_lib import monitor
+
+torch.set_num_threads(1)
+
+
+def test_categorical_kl_hand_value():
+    p = torch.tensor([[0.5, 0.5]])
+    q = torch.tensor([[0.25, 0.75]])
+    expected = 0.5 * math.log(0.5 / 0.25) + 0.5 * math.log(0.5 / 0.75)
+    got = monitor.categorical_kl(p.log(), q.log())
+    assert got.item() == pytest.approx(expected, rel=1e-6)
+    # unnormalised logits give the same answer
+    assert monitor.categorical_kl(p.log() + 3.0, q.log() - 1.0).item() == pytest.approx(expected, rel=1e-5)
+
+
+def test_categorical_kl_matches_torch_distributions():
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(50, 6, generator=g, dtype=torch.float64) * 2
+    b = torch.randn(50, 6, generator=g, dtype=torch.float64) * 2
+    ref = kl_divergence(Categorical(logits=a), Categorical(logits=b))
+    assert torch.allclose(monitor.categorical_kl(a, b), ref, atol=1e-12)
+    assert torch.allclose(monitor.categorical_kl(a, a), torch.zeros(50, dtype=torch.float64), atol=1e-12)
+
+
+def test_categorical_kl_zero_probability_in_old():
+    old = torch.tensor([[0.0, -math.inf]])   # pi_old = (1, 0)
+    new = torch.tensor([[0.0, 0.0]])         # pi_new = (1/2, 1/2)
+    assert monitor.categorical_kl(old, new).item() == pytest.approx(math.log(2), rel=1e-6)
+
+
+def test_gaussian_kl_matches_torch_distributions():
+    g = torch.Generator().manual_seed(1)
+    mu0, mu1 = torch.randn(40, 3, generator=g), torch.randn(40, 3, generator=g)
+    s0, s1 = torch.rand(40, 3, generator=g) + 0.2, torch.rand(40, 3, generator=g) + 0.2
+    ref = kl_divergence(Independent(Normal(mu0, s0), 1), Independent(Normal(mu1, s1), 1))
+    got = monitor.gaussian_kl(mu0, s0, mu1, s1)
+    assert torch.allclose(got, ref, rtol=1e-5, atol=1e-6)
+    assert torch.allclose(monitor.gaussian_kl(mu0, s0, mu1, s1, reduce="mean"), ref / 3, rtol=1e-5, atol=1e-6)
+
+
+def test_gaussian_kl_hand_value():
+    # KL(N(0,1) || N(1,2^2)) = log 2 + (1 + 1)/(2*4) - 1/2
+    got = monitor.gaussian_kl(torch.tensor([[0.0]]), torch.tensor([[1.0]]),
+                              torch.tensor([[1.0]]), torch.tensor([[2.0]]))
+    assert got.item() == pytest.approx(math.log(2) + 0.25 - 0.5, rel=1e-6)
+
+
+def test_gaussian_kl_rejects_bad_input():
+    one = torch.ones(1, 1)
+    with pytest.raises(ValueError, match="reduce"):
+        monitor.gaussian_kl(one, one, one, one, reduce="max")
+    with pytest.raises(ValueError, match="std"):
+        monitor.gaussian_kl(one, -one, one, one)
+    with pytest.raises(ValueError, match="new_logits"):
+        monitor.categorical_kl(torch.zeros(2, 3), torch.zeros(2, 4))
+
+
+def test_k1_k3_hand_values():
+    lr = torch.tensor([math.log(2.0), 0.0, -math.log(2.0)])
+    assert monitor.k1(lr).tolist() == pytest.approx([-math.log(2), 0.0, math.log(2)])
+    assert monitor.k3(lr).tolist() == pytest.approx([1 - math.log(2), 0.0, -0.5 + math.log(2)])
+    assert (monitor.k3(torch.linspace(-5, 5, 101)) >= 0).all()
+
+
+def test_k1_k3_unbiased_for_kl_old_new():
+    """a ~ pi_old, log r = log pi_new(a) - log pi_old(a): E[k1] = E[k3] = KL(pi_old || pi_new)."""
+    g = torch.Generator().manual_seed(2)
+    p = torch.tensor([0.6, 0.3, 0.1], dtype=torch.float64)
+    q = torch.tensor([0.3, 0.3, 0.4], dtype=torch.float64)
+    kl = float((p * (p / q).log()).sum())
+    n = 200_000
+    a = torch.multinomial(p, n, replacement=True, generator=g)
+    lr = q.log()[a] - p.log()[a]
+    for est in (monitor.k1(lr), monitor.k3(lr)):
+        se = est.std().item() / math.sqrt(n)
+        assert abs(est.mean().item() - kl) < 5 * se  # 5 standard errors
+
+
+def test_summarize_matches_numpy():
+    x = torch.arange(1, 101, dtype=torch.float32)
+    s = monitor.summarize(x, "v")
+    assert s["v_mean"] == pytest.approx(50.5)
+    assert s["v_max"] == 100.0
+    assert s["v_p90"] == pytest.approx(np.percentile(np.arange(1, 101), 90))
+    assert s["v_p99"] == pytest.approx(np.percentile(np.arange(1, 101), 99))
+    with pytest.raises(ValueError, match="values"):
+        monitor.summarize(torch.zeros(0), "v")
+
+
+def test_ema():
+    e = monitor.EMA(0.5)
+    assert e.update(4.0) == 4.0
+    assert e.update(0.0) == 2.0
+    assert e.update(2.0) == 2.0
+    with pytest.raises(ValueError, match="decay"):
+        monitor.EMA(1.0)
+    with pytest.raises(ValueError, match="x"):
+        e.update(float("nan"))
+
+
+def test_clip_fraction():
+    r = torch.tensor([1.0, 1.1, 1.3, 0.7, 0.85])
+    assert monitor.clip_fraction(r, 0.2) == pytest.approx(2 / 5)  # 1.3 and 0.7 are outside [0.8, 1.2]
+    with pytest.raises(ValueError, match="clip"):
+        monitor.clip_fraction(r, -0.1)
+
+
+def test_grad_norm_ratio_hand_value():
+    w = torch.tensor([3.0, 4.0], requires_grad=True)
+    penalty = 0.5 * (w ** 2).sum()   # gradient w, norm 5
+    pg = w.sum()                     # gradient (1, 1), norm sqrt(2)
+    assert monitor.grad_norm_ratio(penalty, pg, [w]) == pytest.approx(5 / math.sqrt(2))
+    zero = (w * 0).sum()
+    assert monitor.grad_norm_ratio(zero, pg, [w]) == 0.0
+    assert monitor.grad_norm_ratio(pg, zero, [w]) == math.inf
+    with pytest.raises(ValueError, match="params"):
+        monitor.grad_norm_ratio(pg, pg, [torch.zeros(2)])
+
+
+def test_klmonitor_record():
+    m = monitor.KLMonitor(ema_decay=0.5)
+    exact = torch.tensor([0.1, 0.3])
+    lr = torch.tensor([0.0, math.log(2.0)])
+    rec = m.record(exact, lr)
+    assert rec["kl_exact_mean"] == pytest.approx(0.2)
+    assert rec["kl_exact_max"] == pytest.approx(0.3)
+    assert rec["k1_mean"] == pytest.approx(-math.log(2) / 2)
+    assert rec["k3_max"] == pytest.approx(1 - math.log(2))
+    assert rec["kl_ema"] == pytest.approx(0.2)
+    rec2 = m.record(torch.tensor([0.4, 0.4]), lr)
+    assert rec2["kl_ema"] == pytest.approx(0.3)
+    with pytest.raises(ValueError, match="logratio"):
+        m.record(exact, torch.zeros(3))
+
+
+def test_klmonitor_record_agrees_with_summarize():
+    g = torch.Generator().manual_seed(3)
+    exact = torch.rand(257, generator=g)
+    lr = torch.randn(257, generator=g) * 0.3
+    rec = monitor.KLMonitor().record(exact, lr)
+    expected = {**monitor.summarize(exact, "kl_exact"), **monitor.summarize(monitor.k1(lr), "k1"),
+                **monitor.summarize(monitor.k3(lr), "k3")}
+    for key, value in expected.items():
+        assert rec[key] == pytest.approx(value, rel=1e-6, abs=1e-9), key
+    assert rec["k3_p99"] == pytest.approx(float(np.percentile(monitor.k3(lr).numpy(), 99)), rel=1e-5)
