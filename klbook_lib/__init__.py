@@ -9,12 +9,18 @@ The book and the library speak the same names: each module is one idea of the bo
     envs          batched torch environments (CartPole, Pendulum)
     ppo           a small, readable PPO with KL control
     monitor       per-update KL statistics for training dashboards
+    trpo          the exact trust-region step on a small MDP
     rlhf          a tiny GPT-2 RLHF pipeline (data, tokenizer, SFT, reward model, PPO)
+    optimal       the optimal policy of the KL-regularised objective
+    vi            a small latent-variable model: evidence, posterior, ELBO
     dpo           direct preference optimisation
+    grading       the exercises' checker and autograder (``klbook grade``)
     runtime       device, thread and size settings shared by the notebooks
 
 Submodules are imported on first use, so ``import klbook_lib as kb`` is cheap and
-``kb.divergences.kl`` works.
+``kb.divergences.kl`` works. The most used functions are also available at the top:
+``kb.kl``, ``kb.kl_from_logits``, ``kb.gaussian_kl``, ``kb.k1``, ``kb.k2``, ``kb.k3``,
+``kb.optimal_policy``, ``kb.dpo_loss``.
 """
 from __future__ import annotations
 
@@ -28,7 +34,19 @@ _SUBMODULES = (
 )
 
 
+_NAMES = {
+    "kl": "divergences", "kl_from_logits": "divergences", "gaussian_kl": "divergences",
+    "js": "divergences", "total_variation": "divergences",
+    "k1": "estimators", "k2": "estimators", "k3": "estimators",
+    "optimal_policy": "optimal", "dpo_loss": "dpo",
+}
+
+
 def __getattr__(name: str):
+    if name in _NAMES:
+        value = getattr(importlib.import_module(f"{__name__}.{_NAMES[name]}"), name)
+        globals()[name] = value
+        return value
     if name in _SUBMODULES:
         module = importlib.import_module(f"{__name__}.{name}")
         globals()[name] = module
@@ -37,4 +55,4 @@ def __getattr__(name: str):
 
 
 def __dir__() -> list[str]:
-    return sorted(list(globals()) + list(_SUBMODULES))
+    return sorted(set(globals()) | set(_SUBMODULES) | set(_NAMES))

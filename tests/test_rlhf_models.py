@@ -3,27 +3,17 @@ import math
 
 import pytest
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel
 
 from klbook_lib.rlhf import data, models
 from klbook_lib.rlhf.reward_model import bradley_terry_loss, pairwise_accuracy, train_reward_model
-from klbook_lib.rlhf.tokenizer import train_tokenizer
+from rlhf_helpers import micro_policy, small_tokenizer
 
 torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="module")
 def tok():
-    return train_tokenizer([r.text for r in data.make_corpus(1000, seed=0)])
-
-
-def micro_policy(tok, seed=0):
-    """A 1-layer, 32-dim GPT-2 (faster than the 'tiny' preset, same code paths)."""
-    cfg = GPT2Config(vocab_size=len(tok), n_layer=1, n_embd=32, n_head=2, n_positions=64,
-                     bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                     pad_token_id=tok.pad_token_id, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-    torch.manual_seed(seed)
-    return GPT2LMHeadModel(cfg).eval()
+    return small_tokenizer()
 
 
 def test_presets_and_special_ids(tok):
