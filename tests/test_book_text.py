@@ -54,3 +54,12 @@ def test_chapter_asserts_its_claims(path):
     code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
     assert code.count("assert ") >= 3, "a chapter checks what it claims"
     assert "glue(" in code
+
+
+def test_every_glossary_term_has_its_chinese_equivalent():
+    text = (ROOT / "glossary.md").read_text()
+    body = text.split("```{glossary}", 1)[1].split("```", 1)[0]
+    entries = re.findall(r"^(\S[^\n]*)\n((?:[ \t]+[^\n]*\n?)+)", body, re.M)
+    assert len(entries) >= 20
+    for term, definition in entries:
+        assert re.search(r"[\u4e00-\u9fff]", definition), f"glossary term {term!r} has no Chinese equivalent"
