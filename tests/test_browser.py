@@ -31,7 +31,7 @@ def _pages() -> list[Path]:
         return []
     return sorted(p for p in HTML.rglob("*.html")
                   if not any(part in SKIP_DIRS for part in p.relative_to(HTML).parts)
-                  and p.name not in ("search.html", "genindex.html"))
+                  and p.relative_to(HTML).as_posix() not in ("search.html", "genindex.html", "index.html"))
 
 
 def _chromium() -> str:
@@ -73,6 +73,13 @@ def browser():
 def test_there_are_pages():
     pages = _pages()
     assert len(pages) >= 5, f"expected the built book in {HTML}, found {len(pages)} pages"
+
+
+def test_index_redirects_to_the_intro():
+    """index.html is only a redirect (Jupyter Book writes it); intro.html is checked as a page."""
+    text = (HTML / "index.html").read_text()
+    assert 'http-equiv="Refresh"' in text or "http-equiv=\"refresh\"" in text.lower()
+    assert "intro.html" in text
 
 
 def test_no_resource_from_another_host():
