@@ -216,6 +216,7 @@ def test_chapter_apparatus_renders(browser, server, rel):
         cites = page.eval_on_selector_all("a[href*='bibliography.html#id'], a[href*='bibliography.html#']",
                                           "els => els.length")
         blocks = page.eval_on_selector_all("div.proof, div.exercise", "els => els.length")
+        downloads = page.eval_on_selector_all("a[href$='.ipynb']", "els => els.map(e => e.href)")
         sol = page.query_selector("div.solution.dropdown")
         assert sol is not None, f"{rel}: no hidden solution"
         body = sol.query_selector("section, p:not(.admonition-title)")
@@ -225,6 +226,7 @@ def test_chapter_apparatus_renders(browser, server, rel):
         assert body.is_visible(), f"{rel}: clicking the toggle did not reveal the solution"
     finally:
         page.close()
+    assert any("_sources/" in d for d in downloads), f"{rel}: no download-notebook button"
     assert cites >= 1, f"{rel}: no citation links to the bibliography"
     assert blocks >= 1, f"{rel}: no theorem, definition or exercise block rendered"
     assert not errors, errors
