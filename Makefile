@@ -35,7 +35,7 @@ $(STAMP): requirements.txt pyproject.toml
 	touch $(STAMP)
 
 book: setup
-	$(JB) build . $(JBFLAGS)
+	$(OFFLINE) $(JB) build . $(JBFLAGS)
 	@echo
 	@echo "The book is built. Open $(CURDIR)/_build/html/index.html in a browser."
 
