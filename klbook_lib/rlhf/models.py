@@ -82,16 +82,9 @@ def load_policy(name_or_path: str | os.PathLike, device: str | torch.device = "c
     """
     from transformers import GPT2LMHeadModel
 
-    path = Path(name_or_path)
-    if not path.is_dir() and (str(name_or_path).startswith((".", "/")) or path.suffix):
-        raise ValueError(f"name_or_path: directory {str(name_or_path)!r} does not exist")
-    try:
-        model = GPT2LMHeadModel.from_pretrained(str(name_or_path), local_files_only=True)
-    except (OSError, ValueError) as err:
-        raise ValueError(
-            f"name_or_path: no local GPT-2 weights for {str(name_or_path)!r} (looked with "
-            f"local_files_only=True; this book never downloads). Original error: {err}"
-        ) from None
+    from .tokenizer import from_local_files
+
+    model = from_local_files(GPT2LMHeadModel, name_or_path, "GPT-2 weights")
     if model.config.pad_token_id is None:
         model.config.pad_token_id = model.config.eos_token_id
     model.generation_config.pad_token_id = model.config.pad_token_id

@@ -85,6 +85,17 @@ def _check_logprobs(name: str, x: torch.Tensor) -> None:
         raise ValueError(f"{name}: expected shape [B, T], got {tuple(x.shape)}")
 
 
+def _check_logprob_pair(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> None:
+    """Both log-prob tensors valid and of the same shape."""
+    _check_logprobs("logprobs", logprobs)
+    _check_logprobs("ref_logprobs", ref_logprobs)
+    if ref_logprobs.shape != logprobs.shape:
+        raise ValueError(
+            f"ref_logprobs: shape {tuple(ref_logprobs.shape)} does not match logprobs "
+            f"shape {tuple(logprobs.shape)}"
+        )
+
+
 # --------------------------------------------------------------------------- estimators
 def kl_per_token(
     logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str = "k1"
@@ -100,13 +111,7 @@ def kl_per_token(
 
     Elementwise; no masking (see :func:`per_token_rewards`).
     """
-    _check_logprobs("logprobs", logprobs)
-    _check_logprobs("ref_logprobs", ref_logprobs)
-    if logprobs.shape != ref_logprobs.shape:
-        raise ValueError(
-            f"ref_logprobs: shape {tuple(ref_logprobs.shape)} does not match logprobs "
-            f"shape {tuple(logprobs.shape)}"
-        )
+    _check_logprob_pair(logprobs, ref_logprobs)
     log_ratio = logprobs - ref_logprobs
     if estimator == "k1":
         return log_ratio
@@ -153,13 +158,7 @@ def per_token_rewards(
         [B, T] tensor: zero on every padded position, the KL penalty on every real token,
         and the (clipped) score added on the last real token of each row.
     """
-    _check_logprobs("logprobs", logprobs)
-    _check_logprobs("ref_logprobs", ref_logprobs)
-    if ref_logprobs.shape != logprobs.shape:
-        raise ValueError(
-            f"ref_logprobs: shape {tuple(ref_logprobs.shape)} does not match logprobs "
-            f"shape {tuple(logprobs.shape)}"
-        )
+    _check_logprob_pair(logprobs, ref_logprobs)
     mask = _check_mask(response_mask, logprobs.shape)
     if not isinstance(scores, torch.Tensor):
         scores = torch.as_tensor(scores, dtype=logprobs.dtype, device=logprobs.device)

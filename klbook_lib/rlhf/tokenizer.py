@@ -47,6 +47,25 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 1000, min_frequency:
     )
 
 
+def from_local_files(cls, name_or_path: str | os.PathLike, what: str):
+    """``cls.from_pretrained(name_or_path, local_files_only=True)``: never the network.
+
+    ``name_or_path`` is a directory or a hub name looked up in the local Hugging Face
+    cache only. Anything missing raises a ``ValueError`` saying where it looked.
+    """
+    path = Path(name_or_path)
+    if not path.is_dir() and (str(name_or_path).startswith((".", "/")) or path.suffix):
+        raise ValueError(f"name_or_path: directory {str(name_or_path)!r} does not exist")
+    try:
+        return cls.from_pretrained(str(name_or_path), local_files_only=True)
+    except (OSError, ValueError) as err:
+        raise ValueError(
+            f"name_or_path: no local {what} for {str(name_or_path)!r} (looked in the directory "
+            f"or the Hugging Face cache with local_files_only=True; this book never downloads). "
+            f"Original error: {err}"
+        ) from None
+
+
 def load_tokenizer(name_or_path: str | os.PathLike):
     """Load a tokenizer from a local directory, or GPT-2's tokenizer from the local cache.
 
@@ -57,18 +76,7 @@ def load_tokenizer(name_or_path: str | os.PathLike):
     """
     from transformers import AutoTokenizer
 
-    path = Path(name_or_path)
-    is_dir = path.is_dir()
-    if not is_dir and (str(name_or_path).startswith((".", "/")) or path.suffix):
-        raise ValueError(f"name_or_path: directory {str(name_or_path)!r} does not exist")
-    try:
-        tok = AutoTokenizer.from_pretrained(str(name_or_path), local_files_only=True)
-    except (OSError, ValueError) as err:
-        raise ValueError(
-            f"name_or_path: no local tokenizer files for {str(name_or_path)!r} "
-            f"(looked in the directory or the Hugging Face cache with local_files_only=True; "
-            f"this book never downloads). Original error: {err}"
-        ) from None
+    tok = from_local_files(AutoTokenizer, name_or_path, "tokenizer files")
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     if tok.bos_token is None:
