@@ -235,21 +235,24 @@ class EMASmoothed(KLController):
         decay = _check_finite("decay", decay)
         if not 0 <= decay < 1:
             raise ValueError(f"decay: must lie in [0, 1), got {decay}")
+        from .monitor import EMA  # the same average the training dashboard logs
+
         super().__init__(inner.value)
         self.inner = inner
         self.decay = decay
-        self.kl_ema: float | None = None
+        self._ema = EMA(decay)
 
     @property
     def value(self) -> float:
         return self.inner.value
 
+    @property
+    def kl_ema(self) -> float | None:
+        """The smoothed KL fed to ``inner`` (``None`` before the first update)."""
+        return self._ema.value
+
     def _new_beta(self, kl: float, n_steps: int) -> float:
-        if self.kl_ema is None:
-            self.kl_ema = kl
-        else:
-            self.kl_ema = self.decay * self.kl_ema + (1.0 - self.decay) * kl
-        return self.inner.update(self.kl_ema, n_steps)
+        return self.inner.update(self._ema.update(kl), n_steps)
 
     def update(self, kl: float, n_steps: int = 1) -> float:
         beta = super().update(kl, n_steps)
