@@ -46,4 +46,23 @@ def setup(threads: int = 1, seed: int = 0) -> dict:
     # numpy >= 2 prints scalars as "np.float64(0.5)"; the book glues printed values into
     # its prose, so print them as plain numbers.
     np.set_printoptions(legacy="1.25")
+    _inline_figures()
     return {"device": default_device(), "size": book_size(), "threads": threads, "seed": seed}
+
+
+def _inline_figures() -> None:
+    """Make figures display as images inside a notebook kernel, whatever MPLBACKEND says.
+
+    With a non-interactive backend such as Agg (``MPLBACKEND=Agg`` is common on servers
+    and in CI) IPython registers no image formatter, so ``myst_nb.glue(name, fig)``
+    records only the text ``<Figure size ...>`` and the book shows no figure. Switching
+    to the inline backend registers the PNG formatter. Outside IPython nothing changes.
+    """
+    try:
+        from IPython import get_ipython
+    except ImportError:  # pragma: no cover - IPython ships with the book's requirements
+        return
+    shell = get_ipython()
+    if shell is None or not hasattr(shell, "kernel"):
+        return
+    shell.run_line_magic("matplotlib", "inline")
