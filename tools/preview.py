@@ -12,7 +12,7 @@ Usage:
 Pages are given as in ``_toc.yml`` (no suffix). Screenshots land in
 ``DIR/<page>-1366.png`` and ``DIR/<page>-390.png`` (default DIR: /tmp/klbook-preview/shots),
 and cut into pieces two screens tall (``...-1366-part01.png``, ...) that an image viewer
-shows legibly.
+shows legibly. Display equations and tables wider than the text column are listed.
 """
 from __future__ import annotations
 
@@ -47,6 +47,29 @@ def _copy_tree(dest: Path) -> None:
     cache = ROOT / "_build" / ".jupyter_cache"
     if cache.exists():
         shutil.copytree(cache, dest / "_build" / ".jupyter_cache", dirs_exist_ok=True)
+
+
+# Display equations and tables wider than the text column (clipped or scrolling).
+OVERFLOW_JS = """
+() => {
+  const col = document.querySelector('article.bd-article') || document.body;
+  const right = col.getBoundingClientRect().right + 1;
+  const out = [];
+  for (const c of document.querySelectorAll('mjx-container[display="true"]')) {
+    const r = (c.querySelector('mjx-math') || c).getBoundingClientRect();
+    if (r.right > right || c.scrollWidth > c.clientWidth + 1) {
+      const tex = (c.closest('.math') || c).getAttribute('id') || c.textContent.slice(0, 60);
+      out.push(`wide equation (${Math.round(Math.max(r.right - right, c.scrollWidth - c.clientWidth))} px too wide): ${tex}`);
+    }
+  }
+  for (const t of document.querySelectorAll('table')) {
+    const box = t.parentElement.getBoundingClientRect();
+    if (t.getBoundingClientRect().right > Math.min(right, box.right + 1) || t.scrollWidth > t.parentElement.clientWidth + 1)
+      out.push(`wide table (${t.rows.length} rows): ${t.innerText.slice(0, 60).replace(/\\s+/g, ' ')}`);
+  }
+  return out;
+}
+"""
 
 
 def _tiles(path: Path, tile_height: int) -> list[Path]:
@@ -87,6 +110,8 @@ def _screenshots(html: Path, pages: list[str], out: Path) -> list[Path]:
                 page.goto(base + page_name + ".html", wait_until="load")
                 page.evaluate("() => window.MathJax && MathJax.startup ? MathJax.startup.promise : null")
                 page.wait_for_timeout(300)
+                for line in page.evaluate(OVERFLOW_JS):
+                    print(f"  {page_name} at {width} px: {line}")
                 path = out / f"{page_name.replace('/', '__')}-{width}.png"
                 page.screenshot(path=str(path), full_page=True)
                 written.append(path)
