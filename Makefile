@@ -16,16 +16,22 @@ export MPLBACKEND := Agg
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export KLBOOK_CACHE ?= $(CURDIR)/_build/klbook_cache
+# `make book REPO_URL=https://github.com/OWNER/REPO`: repository, Binder and Colab buttons
+# (none without it; _ext/klbook_publish.py)
+export KLBOOK_REPO_URL ?= $(REPO_URL)
+export KLBOOK_REPO_BRANCH ?= $(REPO_BRANCH)
 
 NOTEBOOKS := $(sort $(wildcard chapters/*.ipynb)) $(sort $(wildcard exercises/*.ipynb)) $(sort $(wildcard exercises/masters/*.ipynb))
 
-.PHONY: setup book test test-lib test-notebooks test-book test-browser students print-notebooks clean help
+.PHONY: setup book pdf test test-lib test-notebooks test-book test-browser students print-notebooks clean help
 
 help:
 	@echo "make book   - set up .venv and build the book into _build/html"
 	@echo "make test   - run every test (library, notebooks, book build, browser check)"
+	@echo "make pdf    - the whole book as one PDF: _build/pdf/book.pdf"
 
 setup: $(STAMP)
+	@bash tools/ensure_bubblewrap.sh || echo "note: no bubblewrap: 'klbook grade' refuses to grade and the grader's tests fail"
 
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -45,13 +51,20 @@ test: setup
 	$(MAKE) test-lib
 	$(MAKE) test-notebooks
 	$(MAKE) test-book
+	$(MAKE) pdf
 	$(MAKE) test-browser
 
 # Everything after set-up runs with the network cut off (tools/offline.sh).
 OFFLINE := bash tools/offline.sh
 
+# pytest's temporary directories live in _build/pytest, not in a shared /tmp/pytest-of-USER:
+# the grader's tests build directory trees too deep for pytest's own clean-up, and remove
+# them with the grader's remove_tree (a stale tree left in /tmp would break every later run)
+PYTEST_TMP := $(CURDIR)/_build/pytest
+
 test-lib: setup
-	$(OFFLINE) $(PY) -m pytest tests -q -n $(JOBS) -m "not browser"
+	$(PY) -c "from klbook_lib.grading.sandbox import remove_tree; remove_tree('$(PYTEST_TMP)')"
+	$(OFFLINE) $(PY) -m pytest tests -q -n $(JOBS) -m "not browser" --basetemp=$(PYTEST_TMP)
 
 test-notebooks: setup
 	$(OFFLINE) $(PY) -m pytest -q -n $(JOBS) --dist loadfile --nbval-lax --nbval-cell-timeout=900 -p no:cacheprovider $(NOTEBOOKS)
@@ -62,6 +75,13 @@ test-book: setup
 test-browser: setup
 	bash tools/ensure_chromium.sh
 	$(OFFLINE) $(PY) -m pytest tests -q -m browser
+
+# The whole book as one PDF, offline: _build/pdf/book.pdf (copied to _build/html/book.pdf,
+# which the landing page links). A single-page build from the cache (nothing executes
+# again), printed by the browser check's Chromium; see tools/build_pdf.py.
+pdf: setup
+	bash tools/ensure_chromium.sh
+	$(OFFLINE) $(PY) tools/build_pdf.py
 
 students: setup
 	$(VENV)/bin/klbook make-student

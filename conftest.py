@@ -5,10 +5,15 @@ book's jupyter-cache (``_build/.jupyter_cache``), exactly as myst-nb would have 
 them. The book build that follows (execute_notebooks: cache) then finds every
 notebook already executed and does not run it a second time. A notebook with any
 failing cell is not cached, so the build would execute it again and fail loudly.
+
+A cell that shows a matplotlib figure only as the text ``<Figure size ...>`` (no image;
+glued figures included) fails here, and its notebook is not cached: the page would
+show a grey box instead of the figure.
 """
 from __future__ import annotations
 
 import copy
+import importlib.util
 import os
 import time
 from pathlib import Path
@@ -19,6 +24,17 @@ ROOT = Path(__file__).resolve().parent
 CACHE_DIR = ROOT / "_build" / ".jupyter_cache"
 
 _runs: dict[str, dict] = {}
+
+
+def _site_module():
+    """_ext/klbook_site.py (the book's Sphinx extension), loaded by path."""
+    spec = importlib.util.spec_from_file_location("klbook_site_for_tests", ROOT / "_ext" / "klbook_site.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+text_only_figures = _site_module().text_only_figures
 
 
 def _is_nbval_cell(item) -> bool:
@@ -34,9 +50,16 @@ def pytest_runtest_call(item):
     run = _runs.setdefault(path, {"nb": item.parent.nb, "outputs": {}, "failed": False,
                                   "start": time.time(), "end": None})
     outcome = yield
+    outputs = getattr(item, "test_outputs", None) or []
+    if outcome.excinfo is None:
+        bad = text_only_figures({"cells": [{"cell_type": "code", "outputs": outputs}]})
+        if bad:
+            outcome.force_exception(AssertionError(
+                "a figure is output as text only (" + bad[0].split(": ", 1)[1] + ") without an image: "
+                "call kb.runtime.setup() before plotting (it selects the inline backend)"))
     if outcome.excinfo is not None:
         run["failed"] = True
-    run["outputs"][id(item.cell)] = getattr(item, "test_outputs", None) or []
+    run["outputs"][id(item.cell)] = outputs
     run["end"] = time.time()
 
 

@@ -16,6 +16,8 @@ The book and the library speak the same names: each module is one idea of the bo
     dpo           direct preference optimisation
     grading       the exercises' checker and autograder (``klbook grade``)
     runtime       device, thread and size settings shared by the notebooks
+    seqkl         exact sequence-level KL and its gradients on an enumerable autoregressive policy
+    diagnostics   KL as a tool: exploration gauge, phases of a KL trajectory, averaging conventions
     display       tables formatted for reading (no index column, sensible digits)
 
 Submodules are imported on first use, so ``import klbook_lib as kb`` is cheap and
@@ -32,6 +34,7 @@ __version__ = "0.1.0"
 _SUBMODULES = (
     "divergences", "estimators", "fitting", "controllers", "envs", "ppo", "monitor",
     "rlhf", "dpo", "runtime", "grading", "optimal", "vi", "trpo", "display",
+    "seqkl", "diagnostics",
 )
 
 

@@ -11,10 +11,11 @@
     Needs the extras in ``requirements-bench.txt`` (stable-baselines3, gymnasium).
 
 ``ppo-cuda``
-    Environment steps per second of the batched CartPole on CUDA for several batch sizes,
-    and the time to solve CartPole with many environments on the GPU. Exits with an error
-    when CUDA is not available (``--allow-cpu`` runs the same code on the CPU, slowly, to
-    check it).
+    Environment steps per second of the batched CartPole on CUDA at 1k, 16k and 131k
+    environments: stepping alone (random actions), and PPO training (rollouts plus updates,
+    :func:`ppo_throughput`); then the time to solve CartPole with 1024 environments on the
+    GPU. Exits with an error when CUDA is not available (``--allow-cpu`` runs the same code
+    on the CPU, at ``--sizes`` of your choice, to check it; ``--seeds 0`` skips the solving runs).
 """
 from __future__ import annotations
 
@@ -169,9 +170,36 @@ def bench_ppo(seeds: int = 5, json_path: str | None = None) -> dict:
 # Many-environment preset for a GPU: the batch grows, the number of gradient steps stays small.
 CUDA_PRESET = dict(num_envs=1024, num_steps=16, update_epochs=4, num_minibatches=4,
                    learning_rate=3e-3, clip_coef=0.2, total_timesteps=4_000_000)
+CUDA_SIZES = (1024, 16384, 131072)
+CPU_SIZES = (256, 4096)
 
 
-def bench_ppo_cuda(allow_cpu: bool = False, seeds: int = 3, json_path: str | None = None) -> dict:
+def ppo_throughput(num_envs: int, device: str, updates: int = 5, seed: int = 0) -> dict:
+    """Environment steps per second of PPO training (rollouts and updates) with ``num_envs`` copies.
+
+    :data:`CUDA_PRESET` with ``num_envs`` environments runs ``updates + 1`` updates; the first
+    (warm-up: kernel compilation, allocator) is not timed. Each update collects
+    ``num_envs * 16`` steps and makes 4 epochs of 4 minibatch steps.
+    """
+    from klbook_lib import ppo
+
+    if updates < 1:
+        raise ValueError(f"updates: must be >= 1, got {updates!r}")
+    cfg = ppo.PPOConfig(device=device, seed=seed, **{
+        **CUDA_PRESET, "num_envs": num_envs, "stop_at_return": None,
+        "total_timesteps": num_envs * CUDA_PRESET["num_steps"] * (updates + 1)})
+    res = ppo.train(cfg, progress=False)
+    h = res.history                      # wall_time: seconds from the start to the end of each update
+    steps = h["global_step"][-1] - h["global_step"][0]
+    seconds = h["wall_time"][-1] - h["wall_time"][0]
+    return {"num_envs": num_envs, "updates_timed": len(h["update"]) - 1, "env_steps": steps,
+            "seconds": seconds, "env_steps_per_s": steps / seconds,
+            "seconds_per_update": seconds / (len(h["update"]) - 1),
+            "first_update_seconds": h["wall_time"][0]}
+
+
+def bench_ppo_cuda(allow_cpu: bool = False, seeds: int = 3, json_path: str | None = None,
+                   sizes: tuple[int, ...] | None = None, updates: int = 5) -> dict:
     from klbook_lib import envs, ppo
 
     if torch.cuda.is_available():
@@ -188,8 +216,13 @@ def bench_ppo_cuda(allow_cpu: bool = False, seeds: int = 3, json_path: str | Non
         if device == "cuda":
             torch.cuda.synchronize()
 
-    out = {"device": device, "env_steps_per_s": {}, "runs": []}
-    sizes = (1024, 16384, 131072) if device == "cuda" else (256, 4096)
+    out = {"device": device, "torch": torch.__version__, "env_steps_per_s": {}, "train_env_steps_per_s": {},
+           "train": [], "runs": []}
+    if device == "cuda":
+        out["gpu"] = torch.cuda.get_device_name(0)
+    sizes = tuple(sizes) if sizes else (CUDA_SIZES if device == "cuda" else CPU_SIZES)
+    if any(not isinstance(n, int) or n < 1 for n in sizes):
+        raise ValueError(f"sizes: must be positive integers, got {sizes!r}")
     for n in sizes:
         env = envs.CartPole(n, device=device, seed=0)
         gen = torch.Generator(device=device).manual_seed(0)
@@ -204,6 +237,18 @@ def bench_ppo_cuda(allow_cpu: bool = False, seeds: int = 3, json_path: str | Non
         rate = n * steps / (time.perf_counter() - t0)
         out["env_steps_per_s"][n] = rate
         print(f"CartPole x {n:>7,d} on {device}: {rate:,.0f} env steps/s (random actions)", flush=True)
+    for n in sizes:
+        r = ppo_throughput(n, device, updates=updates)
+        out["train"].append(r)
+        out["train_env_steps_per_s"][n] = r["env_steps_per_s"]
+        print(f"PPO training x {n:>7,d} envs on {device}: {r['env_steps_per_s']:,.0f} env steps/s including "
+              f"updates ({r['seconds_per_update']:.3f} s per update of {n * CUDA_PRESET['num_steps']:,d} steps)",
+              flush=True)
+    if seeds == 0:
+        if json_path:
+            with open(json_path, "w") as f:
+                json.dump(out, f, indent=2)
+        return out
     ppo.train(ppo.PPOConfig(device=device, **{**CUDA_PRESET, "total_timesteps": 2 * 16 * 1024,
                                               "stop_at_return": None}), progress=False)  # warm-up
     for seed in range(seeds):
@@ -228,16 +273,30 @@ def bench_ppo_cuda(allow_cpu: bool = False, seeds: int = 3, json_path: str | Non
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m klbook_lib.bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("which", choices=["ppo", "ppo-cuda"])
-    parser.add_argument("--seeds", type=int, default=None, help="number of seeds (ppo: 5, ppo-cuda: 3)")
+    parser.add_argument("--seeds", type=int, default=None,
+                        help="number of seeds (ppo: 5, ppo-cuda: 3 solving runs; 0 skips them)")
+    parser.add_argument("--sizes", default=None,
+                        help="ppo-cuda: comma-separated numbers of environments (default 1024,16384,131072 on CUDA)")
+    parser.add_argument("--updates", type=int, default=5, help="ppo-cuda: timed PPO updates per size")
     parser.add_argument("--json", default=None, help="also write the results to this JSON file")
     parser.add_argument("--allow-cpu", action="store_true", help="ppo-cuda: run on the CPU if CUDA is absent")
     args = parser.parse_args(argv)
-    if args.seeds is not None and args.seeds < 1:
-        parser.error("--seeds: must be a positive integer")
+    if args.seeds is not None and args.seeds < (1 if args.which == "ppo" else 0):
+        parser.error("--seeds: must be a positive integer (0 allowed for ppo-cuda)")
+    if args.updates < 1:
+        parser.error("--updates: must be a positive integer")
+    sizes = None
+    if args.sizes:
+        try:
+            sizes = tuple(int(x) for x in args.sizes.split(","))
+        except ValueError:
+            parser.error(f"--sizes: expected comma-separated integers, got {args.sizes!r}")
+        if any(n < 1 for n in sizes):
+            parser.error(f"--sizes: must be positive, got {args.sizes!r}")
     if args.which == "ppo":
         bench_ppo(args.seeds or 5, args.json)
     else:
-        bench_ppo_cuda(args.allow_cpu, args.seeds or 3, args.json)
+        bench_ppo_cuda(args.allow_cpu, 3 if args.seeds is None else args.seeds, args.json, sizes, args.updates)
     return 0
 
 

@@ -1,30 +1,121 @@
-"""The ``klbook`` command line: ``klbook grade`` and ``klbook make-student``."""
+"""The ``klbook`` command line: ``klbook grade`` (one notebook or a class), ``klbook release``
+and ``klbook make-student``."""
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import tempfile
+
+
+def write_result(path: str, result: dict) -> None:
+    """Write the JSON result atomically: a new file next to ``path``, then renamed over it.
+
+    Whatever is at ``path`` (a FIFO, a symbolic link, a file being read) is replaced, never
+    opened or followed; the grader writes it only after the sandbox is gone.
+    """
+    target = os.path.abspath(path)
+    folder = os.path.dirname(target)
+    fd, tmp = tempfile.mkstemp(prefix=".klbook-result-", suffix=".json", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(result, fh, indent=1)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _no_hidden_tests(command: str) -> int | None:
+    """Exit status 2 with a message when this copy of klbook_lib has no hidden tests (a
+    student release or the published wheel); ``None`` when it has them."""
+    from klbook_lib.grading.release import has_hidden_tests
+
+    if has_hidden_tests():
+        return None
+    print(f"klbook {command}: this copy of the book has no reference solutions or hidden "
+          "tests (it is a student release or the published wheel); this command needs the "
+          "instructor's full repository", file=sys.stderr)
+    return 2
 
 
 def _grade(args: argparse.Namespace) -> int:
     from klbook_lib.grading.grader import GraderError, format_report, grade
 
+    if (status := _no_hidden_tests("grade")) is not None:
+        return status
+    if os.path.isdir(args.notebook):           # a class: DIR/<student>/exNN_....ipynb
+        from klbook_lib.grading.batch import run_cli
+
+        if args.csv is None or args.json or args.exercise:
+            print("klbook grade: grading a folder needs --csv FILE (and takes --json-dir, "
+                  "--jobs; not --json or --exercise)", file=sys.stderr)
+            return 2
+        return run_cli(args.notebook, args.csv, args.json_dir, args.jobs,
+                       timeout=args.timeout, cell_timeout=args.cell_timeout,
+                       call_timeout=args.call_timeout,
+                       unsafe_no_isolation=args.unsafe_no_isolation)
+    if args.csv is not None or args.json_dir is not None or args.jobs != 1:
+        print("klbook grade: --csv, --json-dir and --jobs are for a folder of submissions; "
+              "for one notebook use --json FILE", file=sys.stderr)
+        return 2
     try:
         result = grade(args.notebook, exercise=args.exercise, timeout=args.timeout,
-                       cell_timeout=args.cell_timeout, call_timeout=args.call_timeout)
+                       cell_timeout=args.cell_timeout, call_timeout=args.call_timeout,
+                       unsafe_no_isolation=args.unsafe_no_isolation)
     except GraderError as exc:
         print(f"klbook grade: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump(result, fh, indent=1)
+        try:
+            write_result(args.json, result)
+        except OSError as exc:
+            print(f"klbook grade: --json: cannot write {args.json!r}: {exc.strerror or exc}",
+                  file=sys.stderr)
+            print(format_report(result), flush=True)
+            return 2
     print(format_report(result), flush=True)
+    return 0
+
+
+def _jobs(text: str) -> int:
+    from klbook_lib.grading.batch import MAX_JOBS
+
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= MAX_JOBS:
+        raise argparse.ArgumentTypeError(f"must be an integer from 1 to {MAX_JOBS}, got {text!r}")
+    return n
+
+
+def _release(args: argparse.Namespace) -> int:
+    from klbook_lib.grading.release import ReleaseError, release
+
+    if (status := _no_hidden_tests("release")) is not None:
+        return status
+    try:
+        report = release(args.outdir)
+    except ReleaseError as exc:
+        print(f"klbook release: {exc}", file=sys.stderr)
+        return 2
+    print(report.describe(), flush=True)
     return 0
 
 
 def _make_student(args: argparse.Namespace) -> int:
     from klbook_lib.grading.student import make_student
 
+    if (status := _no_hidden_tests("make-student")) is not None:
+        return status
     stale = make_student(check=args.check)
     for p in stale:
         print(("stale: " if args.check else "wrote: ") + str(p))
@@ -39,18 +130,40 @@ def _make_student(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="klbook", description="Tools of the KL-in-RL book.")
     sub = parser.add_subparsers(dest="command", required=True)
-    g = sub.add_parser("grade", help="grade a submitted exercise notebook")
-    g.add_argument("notebook")
+    g = sub.add_parser("grade", help="grade a submitted exercise notebook (in a sandbox)")
+    g.add_argument("notebook", help="a notebook, or a folder of submissions "
+                                    "(DIR/<student>/exNN_....ipynb; needs --csv)")
     g.add_argument("--json", metavar="FILE", help="also write the result as JSON to FILE")
-    g.add_argument("--timeout", type=float, default=60.0, help="total seconds (default 60)")
+    g.add_argument("--timeout", type=float, default=None,
+                   help="total seconds for the notebook (default 60, more for questions "
+                        "that declare long calls)")
     g.add_argument("--cell-timeout", type=float, default=20.0, help="seconds per cell (default 20)")
     g.add_argument("--call-timeout", type=float, default=5.0,
                    help="seconds per call of a student's function (default 5)")
-    g.add_argument("--exercise", help="exercise name if the notebook does not say (exNN_...)")
+    g.add_argument("--exercise", help="exercise name if the file name does not say (exNN_...)")
+    g.add_argument("--unsafe-no-isolation", action="store_true",
+                   help="run the notebook WITHOUT the bubblewrap sandbox (only for notebooks "
+                        "you trust: their code can then read the answers and damage files)")
+    g.add_argument("--csv", metavar="FILE",
+                   help="grade a folder of submissions (DIR/<student>/exNN_....ipynb) and "
+                        "write one row per question to FILE")
+    g.add_argument("--json-dir", metavar="DIR",
+                   help="with a folder: one JSON file per student here (default: next to "
+                        "the CSV, in <csv name>-json/)")
+    g.add_argument("--jobs", type=_jobs, default=1,
+                   help="with a folder: notebooks graded at once, each in its own sandbox "
+                        "(default 1)")
     g.set_defaults(func=_grade)
+    r = sub.add_parser("release", help="write a student copy of the book: no reference "
+                                       "solutions, no hidden tests")
+    r.add_argument("outdir", help="a new or empty folder")
+    r.set_defaults(func=_release)
     m = sub.add_parser("make-student", help="generate exercises/*.ipynb from exercises/masters")
     m.add_argument("--check", action="store_true", help="only report stale files; exit 1 if any")
     m.set_defaults(func=_make_student)
+    from klbook_lib.grading.start import add_parser as add_start   # klbook start exNN [DIR]
+
+    add_start(sub)
     args = parser.parse_args(argv)
     try:
         return args.func(args)

@@ -31,7 +31,7 @@ import operator
 
 __all__ = [
     "KLController", "FixedKL", "AdaptiveKL", "BoundedAdaptiveKL", "ProportionalKL",
-    "EMASmoothed",
+    "EMASmoothed", "EntropyBandController",
 ]
 
 
@@ -258,3 +258,64 @@ class EMASmoothed(KLController):
         beta = super().update(kl, n_steps)
         self.history[-1]["kl_ema"] = self.kl_ema
         return beta
+
+
+class EntropyBandController:
+    """Keep a categorical policy's KL to the uniform policy inside a band ``[low, high]``.
+
+    For ``|A|`` actions ``KL(pi(.|s) || uniform) = log|A| - H(pi(.|s))``: 0 for the uniform
+    policy, ``log|A|`` for a deterministic one. Used as an *exploration gauge*, a large value
+    means the policy has (nearly) stopped exploring, a small one that it is still close to
+    random. The controller adjusts the entropy-bonus coefficient ``c`` (the loss gets
+    ``- c * H``) after each update, from the measured KL (e.g. its mean over the batch's states)::
+
+        kl > high  ->  c <- min(c * factor, coef_max)     too sharp: more entropy bonus
+        kl < low   ->  c <- max(c / factor, coef_min)     too flat: less entropy bonus
+        otherwise  ->  c unchanged
+
+    The same interface as the KL controllers (``value``, ``update(kl, n_steps=1)``), so
+    ``PPOConfig(ent_controller=...)`` can use it. ``coef_min`` must be > 0 for the same reason
+    as in :class:`BoundedAdaptiveKL`: a multiplicative rule cannot leave 0. ``history`` records
+    ``{"kl_uniform": kl, "coef": c}`` after every update.
+    """
+
+    def __init__(self, coef: float, low: float, high: float, factor: float = 1.5,
+                 coef_min: float = 1e-4, coef_max: float = 1.0):
+        self.low = _check_positive("low", low)
+        self.high = _check_positive("high", high)
+        if not self.low < self.high:
+            raise ValueError(f"high: must be > low = {low}, got {high}")
+        self.factor = _check_finite("factor", factor)
+        if self.factor <= 1:
+            raise ValueError(f"factor: must be > 1, got {factor}")
+        self.coef_min = _check_positive("coef_min", coef_min)
+        self.coef_max = _check_finite("coef_max", coef_max)
+        if self.coef_max < self.coef_min:
+            raise ValueError(f"coef_max: must be >= coef_min = {coef_min}, got {coef_max}")
+        coef = _check_finite("coef", coef)
+        if not self.coef_min <= coef <= self.coef_max:
+            raise ValueError(f"coef: must lie in [coef_min, coef_max] = [{self.coef_min}, "
+                             f"{self.coef_max}], got {coef}")
+        self._coef = coef
+        self.history: list[dict] = []
+
+    @property
+    def value(self) -> float:
+        """The current entropy coefficient."""
+        return self._coef
+
+    def update(self, kl: float, n_steps: int = 1) -> float:
+        """Feed the measured ``KL(pi || uniform)`` (nats, >= 0), return the new coefficient."""
+        kl = _check_finite("kl", kl)
+        if kl < -1e-9:
+            raise ValueError(f"kl: a KL to the uniform policy cannot be negative, got {kl}")
+        _check_n_steps(n_steps)
+        if kl > self.high:
+            self._coef = min(self._coef * self.factor, self.coef_max)
+        elif kl < self.low:
+            self._coef = max(self._coef / self.factor, self.coef_min)
+        self.history.append({"kl_uniform": kl, "coef": self._coef})
+        return self._coef
+
+    def __repr__(self) -> str:
+        return (f"EntropyBandController(coef={self._coef:.6g}, band=[{self.low:g}, {self.high:g}])")

@@ -34,11 +34,11 @@ def format_number(x: Any, digits: int = 3) -> str:
         return "inf" if v > 0 else "-inf"
     if v == 0:
         return "0"
-    magnitude = math.floor(math.log10(abs(v)))
+    rounded = float(f"{v:.{digits}g}")          # round to `digits` significant digits first
+    magnitude = math.floor(math.log10(abs(rounded)))
     if magnitude >= 6 or magnitude < -4:
         return f"{v:.{max(digits - 1, 0)}e}"
-    decimals = max(digits - 1 - magnitude, 0)
-    text = f"{v:.{decimals}f}"
+    text = f"{rounded:.{max(digits - 1 - magnitude, 0)}f}"
     if float(text) == 0:  # rounds to zero at this precision: no "-0.000"
         return "0"
     return text

@@ -242,9 +242,24 @@ class DPOResult:
         return {k: [r.get(k) for r in rows] for k in rows[0]} if rows else {}
 
 
+def _custom_dpo_loss(loss_fn, pc, pr, rc, rr, beta: float) -> torch.Tensor:
+    """The mean of ``loss_fn``'s per-pair losses, checked to be a finite tensor with a gradient."""
+    out = loss_fn(pc, pr, rc, rr, beta)
+    if not isinstance(out, torch.Tensor) or out.numel() not in (1, pc.numel()):
+        raise ValueError(f"loss_fn: must return a tensor of {pc.numel()} per-pair losses or their mean, got "
+                         f"{type(out).__name__}{tuple(out.shape) if isinstance(out, torch.Tensor) else ''}")
+    if not out.requires_grad:
+        raise ValueError("loss_fn: the returned loss has no gradient with respect to the policy "
+                         "(were the log-probabilities detached or converted to numpy?)")
+    out = out.mean()
+    if not bool(torch.isfinite(out.detach())):
+        raise FloatingPointError(f"loss_fn: returned {float(out.detach())}")
+    return out
+
+
 def train_dpo(pipeline, beta: float = 0.1, steps: int = 200, seed: int = 0,
               config: DPOConfig | None = None, progress: bool = True,
-              keep_checkpoints: bool = False, evaluate: bool = True) -> DPOResult:
+              keep_checkpoints: bool = False, evaluate: bool = True, loss_fn=None) -> DPOResult:
     """Train a copy of the pipeline's ``pi_ref`` with DPO on its training preference pairs.
 
     ``pipeline`` is a :class:`klbook_lib.rlhf.pipeline.RLHFPipeline`; DPO uses its
@@ -255,7 +270,13 @@ def train_dpo(pipeline, beta: float = 0.1, steps: int = 200, seed: int = 0,
     Reference log-probabilities of all pairs are computed once. Evaluations (every
     ``eval_every`` steps, at step 0 and at the end) sample ``n_eval_samples`` responses
     with a fixed seed and report the exact ``KL(pi_theta || pi_ref)`` per sequence.
+    ``loss_fn(policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps,
+    beta)``, if given, replaces :func:`dpo_loss` in the training step (e.g. an exercise's own
+    loss, :mod:`klbook_lib.tasks.micro_rlhf`): it returns the per-pair losses ``[B]`` (or their
+    mean), whose mean is minimised; the logged rewards are still ``beta`` times the log-ratios.
+    Dropout is switched off on the policy and on ``pi_ref`` (a GPT-2 checkpoint ships with it on).
     """
+    from .rlhf.models import disable_dropout
     from .rlhf.ppo import evaluate_policy
 
     cfg = (config or DPOConfig()).check()
@@ -275,6 +296,8 @@ def train_dpo(pipeline, beta: float = 0.1, steps: int = 200, seed: int = 0,
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
     policy = pipeline.new_policy()
+    for model in (policy, ref):         # dropout off: train and eval mode give the same log-probs
+        disable_dropout(model)
     ref_c, ref_r = _logps_in_chunks(ref, tok, train_pairs, device)
     held_ref_c, held_ref_r = _logps_in_chunks(ref, tok, held_pairs, device)
     opt = torch.optim.Adam([p for p in policy.parameters() if p.requires_grad], lr=cfg.lr)
@@ -306,6 +329,8 @@ def train_dpo(pipeline, beta: float = 0.1, steps: int = 200, seed: int = 0,
         batch = encode_pairs(tok, [train_pairs[i] for i in idx.tolist()], device)
         pc, pr = pair_logps(policy, batch)
         loss, cr, rr = dpo_loss(pc, pr, ref_c[idx].to(device), ref_r[idx].to(device), beta)
+        if loss_fn is not None:        # a pluggable loss (an exercise's own) is what is minimised
+            loss = _custom_dpo_loss(loss_fn, pc, pr, ref_c[idx].to(device), ref_r[idx].to(device), beta)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)

@@ -1,5 +1,8 @@
 """Batched torch environments: N copies of CartPole-v1 or Pendulum-v1 stepped at once.
 
+Also: CartPole with other physics (``CartPole(length=0.05)``, a changed task) and
+:class:`DeceptiveChain`, a small deep-sea style task where exploration matters.
+
 Both classes keep their physical state in a tensor ``env.state`` of shape ``(N, state_dim)``
 on ``env.device``; the caller may read it and assign to it (tests set a state and compare
 one step with a scalar reference written from the published equations).
@@ -29,7 +32,7 @@ from typing import Sequence
 
 import torch
 
-__all__ = ["CartPole", "Pendulum", "PendulumArray", "make_env", "angle_normalize"]
+__all__ = ["CartPole", "Pendulum", "PendulumArray", "DeceptiveChain", "make_env", "angle_normalize"]
 
 
 def _check_num_envs(num_envs: int) -> int:
@@ -151,6 +154,9 @@ class CartPole(_BatchedEnv):
     the episode terminates when ``|x| > 2.4`` or ``|theta| > 12`` degrees and is truncated
     after ``max_episode_steps = 500`` steps. The reward is 1 per step, including the step
     that terminates. Initial state components are i.i.d. ``U(-0.05, 0.05)``.
+
+    ``gravity``, ``length`` (half the pole's length), ``masspole``, ``masscart`` and
+    ``force_mag`` replace CartPole-v1's constants for this instance (a changed task).
     """
 
     state_dim = 4
@@ -170,7 +176,22 @@ class CartPole(_BatchedEnv):
     x_threshold = 2.4
 
     def __init__(self, num_envs: int = 1, device: str | torch.device | None = None, seed: int = 0,
-                 max_episode_steps: int = 500, dtype: torch.dtype = torch.float32):
+                 max_episode_steps: int = 500, dtype: torch.dtype = torch.float32,
+                 gravity: float | None = None, length: float | None = None,
+                 masspole: float | None = None, masscart: float | None = None,
+                 force_mag: float | None = None):
+        # Optional physics changes (a changed task for transfer and forgetting experiments);
+        # None keeps CartPole-v1's constant. ``length`` is half the pole's length, as above.
+        for name, value in (("gravity", gravity), ("length", length), ("masspole", masspole),
+                            ("masscart", masscart), ("force_mag", force_mag)):
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                    or value <= 0:
+                raise ValueError(f"{name}: must be a finite number > 0, got {value!r}")
+            setattr(self, name, float(value))
+        self.total_mass = self.masscart + self.masspole
+        self.polemass_length = self.masspole * self.length
         dev = _resolve_device(device)
         self._forces = torch.tensor([-self.force_mag, self.force_mag], device=dev, dtype=dtype)
         self._limits = torch.tensor([self.x_threshold, self.theta_threshold_radians], device=dev, dtype=dtype)
@@ -300,12 +321,83 @@ class PendulumArray(Pendulum):
         return nxt.reshape(n, self.state_dim), reward.reshape(n, self.k).sum(1), term.reshape(n, self.k).any(1)
 
 
-ENVS = {"CartPole": CartPole, "Pendulum": Pendulum, "PendulumArray": PendulumArray}
+class DeceptiveChain(_BatchedEnv):
+    """N copies of a deceptive chain: a small reward for quitting now, a large one at the far end.
+
+    Positions ``0 .. length-1``; every episode starts at position 0. Two actions in every
+    position: *quit* ends the episode with reward ``quit_reward``; *continue* moves one
+    position on with reward ``-move_cost``, and from the last position it ends the episode
+    with reward ``goal_reward`` instead. The observation is the one-hot position
+    (``obs_dim = length``). Every episode ends after at most ``length`` steps (terminated;
+    never truncated).
+
+    The task is deceptive in the sense of the deep-sea environment of Osband et al. (2020):
+    quitting at once is the best *myopic* choice in every position, while the optimal policy
+    continues ``length`` times, which a uniformly random policy does with probability
+    ``2 ** -length``. By default action 1 means continue everywhere; with ``action_seed`` the
+    meaning of the two actions is swapped in a random half of the positions (drawn once from
+    that seed, the same for all copies), so that "always press 1" is no longer a shortcut.
+    """
+
+    state_dim = 1
+    discrete = True
+    n_actions = 2
+
+    def __init__(self, num_envs: int = 1, device: str | torch.device | None = None, seed: int = 0,
+                 length: int = 10, quit_reward: float = 0.1, goal_reward: float = 1.0,
+                 move_cost: float = 0.0, action_seed: int | None = None,
+                 dtype: torch.dtype = torch.float32):
+        if not isinstance(length, int) or isinstance(length, bool) or length < 1:
+            raise ValueError(f"length: must be a positive integer, got {length!r}")
+        for name, value in (("quit_reward", quit_reward), ("goal_reward", goal_reward),
+                            ("move_cost", move_cost)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"{name}: must be a finite number, got {value!r}")
+        if action_seed is not None and (not isinstance(action_seed, int) or isinstance(action_seed, bool)):
+            raise ValueError(f"action_seed: must be an integer or None, got {action_seed!r}")
+        self.length = length
+        self.obs_dim = length
+        self.quit_reward, self.goal_reward, self.move_cost = float(quit_reward), float(goal_reward), float(move_cost)
+        dev = _resolve_device(device)
+        if action_seed is None:
+            cont = torch.ones(length, dtype=torch.long)
+        else:
+            g = torch.Generator().manual_seed(action_seed)
+            cont = torch.randint(0, 2, (length,), generator=g)
+        self.continue_action = cont.to(dev)
+        """``continue_action[p]``: the action that continues from position ``p``."""
+        self._eye = torch.eye(length, device=dev, dtype=dtype)
+        self._rewards = torch.tensor([self.quit_reward, -self.move_cost, self.goal_reward],
+                                     device=dev, dtype=dtype)           # quit, move on, goal
+        super().__init__(num_envs, dev, seed, length, dtype)
+
+    def _sample_initial(self, n, generator):
+        return torch.zeros(n, 1, device=self.device, dtype=self.dtype)
+
+    def _obs(self, state):
+        return self._eye[state[:, 0].long()]
+
+    def _dynamics(self, state, action):
+        if action.shape != (self.num_envs,):
+            raise ValueError(f"action: expected shape ({self.num_envs},), got {tuple(action.shape)}")
+        pos = state[:, 0].long()
+        cont = action.long() == self.continue_action[pos]
+        goal = cont & (pos == self.length - 1)
+        terminated = goal | ~cont
+        reward = self._rewards[cont.long() + goal.long()]        # 0: quit, 1: move on, 2: goal
+        next_pos = torch.where(terminated, pos, pos + 1)
+        return next_pos[:, None].to(state.dtype), reward, terminated
+
+
+ENVS = {"CartPole": CartPole, "Pendulum": Pendulum, "PendulumArray": PendulumArray,
+        "DeceptiveChain": DeceptiveChain}
 
 
 def make_env(name: str, num_envs: int, device: str | torch.device | None = "cpu", seed: int = 0,
              **kwargs) -> _BatchedEnv:
-    """Build a batched environment by name: ``"CartPole"``, ``"Pendulum"`` or ``"PendulumArray"``."""
+    """Build a batched environment by name: ``"CartPole"``, ``"Pendulum"``, ``"PendulumArray"``
+    or ``"DeceptiveChain"``; ``kwargs`` go to its constructor (e.g. ``length=0.25`` for a
+    CartPole with a shorter pole, ``length=8`` for the chain)."""
     if name not in ENVS:
         raise ValueError(f"name: unknown environment {name!r}; choose one of {sorted(ENVS)}")
     return ENVS[name](num_envs=num_envs, device=device, seed=seed, **kwargs)

@@ -31,7 +31,7 @@ from typing import Any, Callable
 import numpy as np
 
 __all__ = [
-    "log_ratio", "k1", "k2", "k3", "ESTIMATORS", "exact_kl_categorical", "ema",
+    "log_ratio", "k1", "k2", "k3", "ESTIMATORS", "k3_swapped", "exact_kl_categorical", "ema",
     "loss_gradients",
 ]
 
@@ -153,6 +153,27 @@ def k3(logp, logq, clamp: float | None = None):
 ESTIMATORS: dict[str, Callable] = {"k1": k1, "k2": k2, "k3": k3}
 
 
+def k3_swapped(logp, logq, clamp: float | None = None):
+    """r log r - (r - 1) with r = q(x)/p(x): an estimate of the OTHER direction, KL(q || p).
+
+    The samples still come from ``p`` (as for k1, k2, k3). Since ``E_{x~p}[r f(x)] =
+    E_{x~q}[f(x)]``, ``E_p[r log r] = E_q[log q - log p] = KL(q || p)``; subtracting the
+    zero-mean control variate ``r - 1`` keeps it unbiased and makes every value
+    non-negative (``t log t >= t - 1`` for ``t > 0``). Schulman's note gives it as the
+    estimator of the second direction. Its variance is finite only where ``E_p[r^2 log^2 r]``
+    is, which fails sooner than for k3: it is heavy-tailed whenever q has much more mass
+    than p somewhere.
+    """
+    lr = log_ratio(logp, logq, clamp)
+    if _is_torch(lr):
+        import torch
+
+        r = torch.exp(lr)
+        return r * lr - torch.expm1(lr)
+    r = np.exp(lr)
+    return r * lr - np.expm1(lr)
+
+
 # --------------------------------------------------------------------------- exact KL
 def _log_softmax_np(z: np.ndarray) -> np.ndarray:
     from scipy.special import log_softmax
@@ -202,8 +223,11 @@ def exact_kl_categorical(logits_p, logits_q):
 def ema(values, alpha: float) -> np.ndarray:
     """Exponential moving average ``s_t = (1 - alpha) s_{t-1} + alpha v_t``, ``s_0 = v_0``.
 
-    ``alpha`` in (0, 1]: 1 means no smoothing; small alpha averages over roughly
-    ``2/alpha - 1`` recent values (less noise, more lag). Returns a float array.
+    ``alpha`` in (0, 1] is the weight of the new value (the decay is ``1 - alpha``); 1 means
+    no smoothing. The weights ``alpha (1 - alpha)^k`` of past values fall by a factor ``e``
+    over about ``1/alpha`` values, its time constant: the book's convention is that an EMA
+    averages over roughly the last ``1/alpha`` values (alpha = 0.1, decay 0.9: about 10),
+    with a lag of the same order. Returns a float array.
     """
     if not (isinstance(alpha, (int, float, np.floating)) and 0 < alpha <= 1):
         raise ValueError(f"alpha: must be in (0, 1], got {alpha!r}")

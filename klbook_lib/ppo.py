@@ -19,13 +19,23 @@ KL-penalised PPO with a coefficient controller (any object with ``.value`` and
 
 A fixed coefficient without a controller: ``PPOConfig(objective="kl_penalty", kl_coef=0.5)``.
 Continuous actions (diagonal Gaussian policy): ``kb.ppo.PPOConfig.pendulum()``.
+A changed task, a controlled entropy bonus, fine-tuning and a penalty against forgetting
+(chapter "KL as a tool")::
+
+    PPOConfig(env="DeceptiveChain", env_kwargs={"length": 10},
+              ent_controller=kb.controllers.EntropyBandController(0.01, low=0.05, high=0.3))
+    PPOConfig(env_kwargs={"length": 0.05}, init_agent=pi_A,            # CartPole, short pole
+              anchor_agent=pi_A, anchor_obs=states_A, anchor_coef=0.1)
 Presets take overrides: ``PPOConfig.cartpole_fast(seed=3)``. The benchmark's CartPole preset:
 ``PPOConfig.cartpole_bench()``.
 
 ``res.history`` is a dict of lists, one entry per update (see :data:`HISTORY_KEYS`).
 ``res.agent`` is the trained :class:`Agent`; ``res.kl_controller`` the controller after
 training (the config's controller is deep-copied, so a config can be reused).
-``kb.ppo.evaluate(res.agent, "CartPole", 16)`` gives greedy returns on fresh episodes.
+``kb.ppo.evaluate(res.agent, "CartPole", 16)`` gives greedy returns on fresh episodes;
+``train(cfg, callback=f)`` calls ``f(update, agent, record)`` after every update, e.g. to
+evaluate the policy of each update. ``res.episode_start_updates`` dates every finished
+episode by the update in which it started (a return is late news about that policy).
 
 What one update does (:func:`train`, read it top to bottom):
 
@@ -63,7 +73,7 @@ import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn as nn
@@ -85,6 +95,7 @@ HISTORY_KEYS = (
     "k1_mean", "k1_max", "k1_p90", "k1_p99", "k3_mean", "k3_max", "k3_p90", "k3_p99",
     "kl_ema", "kl_penalty_value", "clip_frac", "entropy", "grad_ratio", "policy_loss",
     "value_loss", "epochs_run", "explained_variance", "episodic_return", "episodes_finished",
+    "ent_coef", "kl_uniform_mean", "anchor_kl",
 )
 
 
@@ -189,7 +200,8 @@ class PPOConfig:
     """Log ||grad of KL penalty|| / ||grad of surrogate|| on the last minibatch of each update
     (only when the objective has a KL penalty; 0 otherwise)."""
     kl_ema_decay: float = 0.9
-    """Decay of the moving average ``kl_ema`` of the mean exact KL."""
+    """Decay of the moving average ``kl_ema`` of the mean exact KL (weight ``1 - decay`` on the
+    new value; it averages over about ``1 / (1 - decay)`` updates: 10 for the default 0.9)."""
 
     # --- deliberate bugs for the bug-zoo chapter (all off by default) ---------------------------
     bug_recompute_old_logprobs: bool = False
@@ -205,6 +217,40 @@ class PPOConfig:
     """How the Gaussian KL penalty combines action dimensions: "sum" (correct: the KL of the
     joint policy) or "mean" (BUG: divides the penalty by the action dimension). The monitor
     always reports the correct (summed) KL."""
+
+    # --- a pluggable policy loss (e.g. an exercise's own) ----------------------------------------
+    policy_loss_fn: Any = None
+    """``None`` (the built-in objective) or a function that replaces the policy part of the loss:
+    ``policy_loss_fn(new_params, old_params, actions, advantages, beta, clip)`` is called on each
+    minibatch with the distribution parameters of pi_theta (``(logits,)`` or ``(mean, std)``, with
+    gradients) and of pi_old (detached), the actions, the (normalised) advantages, the current
+    ``beta`` (0 without a penalty) and clip range, and returns the scalar to minimise; the value
+    loss (and the entropy bonus) are added to it. It is logged as ``policy_loss``; ``grad_ratio``
+    is then 0. Exercise 3 plugs its KL-penalty loss in here (:mod:`klbook_lib.tasks.cartpole_kl`)."""
+
+    # --- KL as a tool: exploration, changed tasks, forgetting (chapter "KL as a tool") ------------
+    env_kwargs: dict | None = None
+    """Keyword arguments for the environment's constructor (:func:`klbook_lib.envs.make_env`),
+    e.g. ``{"length": 0.25}`` for a CartPole with a shorter pole, ``{"length": 8}`` for the
+    chain. ``None``: the defaults."""
+    ent_controller: Any = None
+    """``None`` or an object with ``.value`` and ``.update(kl_uniform, n_steps)`` (e.g.
+    :class:`klbook_lib.controllers.EntropyBandController`) that sets the entropy coefficient:
+    each update uses ``ent_controller.value`` in place of ``ent_coef``, and after the update
+    the controller is fed the batch mean of ``KL(pi_theta(.|s) || uniform) = log|A| - H(pi_theta(.|s))``.
+    Categorical policies only. Deep-copied by :func:`train`."""
+    init_agent: Any = None
+    """``None`` or an :class:`Agent` whose weights (actor and critic) the run starts from, e.g.
+    a policy trained on another task (fine-tuning). The given agent is not changed."""
+    anchor_agent: Any = None
+    """``None`` or an :class:`Agent` ``pi_A`` to stay close to: the loss gets
+    ``anchor_coef * mean_s KL(pi_A(.|s) || pi_theta(.|s))`` over the states ``anchor_obs`` (a
+    penalty against forgetting, in the style of policy distillation). With an anchor the
+    history's ``anchor_kl`` records that mean KL after every update (also at ``anchor_coef = 0``)."""
+    anchor_obs: Any = None
+    """A tensor ``(M, obs_dim)`` of states for the anchor penalty (e.g. states ``pi_A`` visits on its own task)."""
+    anchor_coef: float = 0.0
+    """Weight of the anchor penalty (0: none)."""
 
     # --- presets ----------------------------------------------------------------------------------
     @classmethod
@@ -300,6 +346,22 @@ class PPOConfig:
             if not hasattr(self.kl_controller, "value") or not callable(getattr(self.kl_controller, "update", None)):
                 raise ValueError("kl_controller: needs a .value attribute and an .update(kl, n_steps) method, "
                                  f"got {type(self.kl_controller).__name__}")
+        if self.policy_loss_fn is not None and not callable(self.policy_loss_fn):
+            raise ValueError(f"policy_loss_fn: must be callable or None, got {type(self.policy_loss_fn).__name__}")
+        if self.env_kwargs is not None and not isinstance(self.env_kwargs, dict):
+            raise ValueError(f"env_kwargs: must be a dict or None, got {type(self.env_kwargs).__name__}")
+        if self.ent_controller is not None:
+            if not hasattr(self.ent_controller, "value") or not callable(getattr(self.ent_controller, "update", None)):
+                raise ValueError("ent_controller: needs a .value attribute and an .update(kl_uniform, n_steps) "
+                                 f"method, got {type(self.ent_controller).__name__}")
+        for name in ("init_agent", "anchor_agent"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), Agent):
+                raise ValueError(f"{name}: must be an Agent or None, got {type(getattr(self, name)).__name__}")
+        number("anchor_coef", lo=0)
+        if (self.anchor_agent is None) != (self.anchor_obs is None):
+            raise ValueError("anchor_obs: give anchor_agent and anchor_obs together (or neither)")
+        if self.anchor_coef > 0 and self.anchor_agent is None:
+            raise ValueError("anchor_coef: > 0 needs an anchor_agent and anchor_obs")
         if "kl_penalty" in self.objective and self.kl_controller is None and self.kl_coef == 0:
             raise ValueError(f"kl_coef: objective {self.objective!r} needs kl_coef > 0 or a kl_controller")
         hs = tuple(self.hidden_sizes)
@@ -473,12 +535,21 @@ class PPOResult:
     config: PPOConfig
     kl_controller: Any
     """The (copied) controller after training, or None for clip-only runs."""
+    ent_controller: Any = None
+    """The (copied) entropy-coefficient controller after training, or None."""
     episode_returns: list[float] = field(default_factory=list)
     """Return of every finished episode, in order of completion."""
     episode_lengths: list[int] = field(default_factory=list)
     """Length of every finished episode, in the same order."""
     episode_end_steps: list[int] = field(default_factory=list)
     """Global environment step (end of the rollout) at which each episode finished."""
+    episode_start_updates: list[int] = field(default_factory=list)
+    """For each finished episode (same order): the update (1-based, as ``history["update"]``)
+    whose rollout took the episode's first action. With ``num_steps`` steps per copy per
+    update, an episode of length ``L`` is played by the policies of about ``L / num_steps``
+    consecutive updates; a return is therefore late news about the policy of its start."""
+    episode_end_updates: list[int] = field(default_factory=list)
+    """For each finished episode: the update whose rollout took its last action."""
     solved: bool = False
     """Whether the rolling mean return reached ``config.stop_at_return``."""
     solved_at_step: int | None = None
@@ -505,8 +576,32 @@ def _kl_penalty_term(agent: Agent, cfg: PPOConfig, old_params, new_params, logra
     return (torch.expm1(logratio) - logratio).mean()  # k3
 
 
-def train(config: PPOConfig | None = None, progress: bool = True) -> PPOResult:
-    """Train PPO as configured; return the history, the trained agent and solve statistics."""
+def _custom_policy_loss(fn, new_params, old_params, actions, advantages, beta: float,
+                        clip: float) -> torch.Tensor:
+    """Call ``PPOConfig.policy_loss_fn`` and check it returned a finite scalar tensor."""
+    out = fn(new_params, old_params, actions, advantages, float(beta), float(clip))
+    if not isinstance(out, torch.Tensor) or out.numel() != 1:
+        raise ValueError("policy_loss_fn: must return a scalar torch.Tensor, got "
+                         f"{type(out).__name__}{tuple(out.shape) if isinstance(out, torch.Tensor) else ''}")
+    if not out.requires_grad:
+        raise ValueError("policy_loss_fn: the returned loss does not depend on the policy's parameters "
+                         "(no gradient): was new_params detached?")
+    if not bool(torch.isfinite(out.detach())):
+        raise FloatingPointError(f"policy_loss_fn: returned {float(out.detach())}")
+    return out.reshape(())
+
+
+def train(config: PPOConfig | None = None, progress: bool = True,
+          callback: Callable[[int, "Agent", dict], Any] | None = None) -> PPOResult:
+    """Train PPO as configured; return the history, the trained agent and solve statistics.
+
+    ``callback(update, agent, record)``, if given, is called after every update with the
+    1-based update index, the agent as it is after that update (e.g. to evaluate the
+    policy of every update with :func:`evaluate`) and that update's history record. Its
+    return value is ignored; it must not change the agent.
+    """
+    if callback is not None and not callable(callback):
+        raise ValueError(f"callback: must be callable or None, got {type(callback).__name__}")
     cfg = config if config is not None else PPOConfig()
     if not isinstance(cfg, PPOConfig):
         raise ValueError(f"config: expected a PPOConfig, got {type(cfg).__name__}")
@@ -516,11 +611,29 @@ def train(config: PPOConfig | None = None, progress: bool = True) -> PPOResult:
     sample_gen = torch.Generator(device=device)
     sample_gen.manual_seed(cfg.seed + 1_000_003)
 
-    env = _envs.make_env(cfg.env, cfg.num_envs, device=device, seed=cfg.seed)
+    env = _envs.make_env(cfg.env, cfg.num_envs, device=device, seed=cfg.seed, **(cfg.env_kwargs or {}))
     agent = Agent(env.obs_dim, n_actions=env.n_actions if env.discrete else None,
                   action_dim=None if env.discrete else env.action_dim,
                   hidden_sizes=cfg.hidden_sizes, log_std_init=cfg.log_std_init,
                   std_min=None if cfg.bug_no_std_floor else cfg.std_min).to(device)
+    if cfg.init_agent is not None:                   # fine-tuning: start from given weights
+        shapes = {k: v.shape for k, v in agent.state_dict().items()}
+        if {k: v.shape for k, v in cfg.init_agent.state_dict().items()} != shapes:
+            raise ValueError("init_agent: its networks do not match this environment and hidden_sizes")
+        agent.load_state_dict(cfg.init_agent.state_dict())
+    anchor = None                                    # (states, pi_A's distribution parameters there)
+    if cfg.anchor_agent is not None:
+        a_obs = torch.as_tensor(cfg.anchor_obs, dtype=torch.float32, device=device)
+        if a_obs.ndim != 2 or a_obs.shape[1] != env.obs_dim or a_obs.shape[0] == 0:
+            raise ValueError(f"anchor_obs: expected a non-empty (M, {env.obs_dim}) tensor of states, "
+                             f"got shape {tuple(a_obs.shape)}")
+        if cfg.anchor_agent.discrete != agent.discrete:
+            raise ValueError("anchor_agent: its action type does not match the environment's")
+        with torch.no_grad():
+            anchor = (a_obs, tuple(p.detach() for p in copy.deepcopy(cfg.anchor_agent).to(device).dist_params(a_obs)))
+    ent_ctrl = copy.deepcopy(cfg.ent_controller) if cfg.ent_controller is not None else None
+    if ent_ctrl is not None and not env.discrete:
+        raise ValueError("ent_controller: KL to the uniform policy needs a categorical policy (discrete actions)")
     if cfg.fused_adam:
         optimizer = FusedAdam(agent.parameters(), lr=cfg.learning_rate, eps=cfg.adam_eps)
     else:
@@ -541,9 +654,11 @@ def train(config: PPOConfig | None = None, progress: bool = True) -> PPOResult:
 
     history: dict[str, list] = {k: [] for k in HISTORY_KEYS}
     result = PPOResult(history=history, agent=agent, config=cfg, kl_controller=controller)
+    result.ent_controller = ent_ctrl
     recent = deque(maxlen=cfg.solve_window)
     obs = env.reset(seed=cfg.seed)
     global_step = 0
+    ep_start = torch.ones(N, dtype=torch.long, device=device)  # update of each copy's current episode's first action
 
     bar = tqdm(range(1, num_updates + 1), disable=not progress, desc=f"PPO {cfg.env}", mininterval=1.0)
     for update in bar:
@@ -572,9 +687,16 @@ def train(config: PPOConfig | None = None, progress: bool = True) -> PPOResult:
         if agent.version != rollout_version:
             raise StaleLogProbError("the policy changed during the rollout")
 
-        # episode statistics (one device sync per update)
+        # episode statistics (a few device syncs per update)
         done_buf = term_buf | trunc_buf
+        start_rows = []                              # (T, N): start update of the episode running at step t
+        for t in range(T):
+            start_rows.append(ep_start)
+            # an episode that ends at step t is followed by one whose first action is at step t + 1
+            ep_start = torch.where(done_buf[t], update if t < T - 1 else update + 1, ep_start)
+        result.episode_start_updates.extend(torch.stack(start_rows)[done_buf].tolist())
         finished = epret_buf[done_buf].tolist()  # time-major order = order of completion
+        result.episode_end_updates.extend([update] * len(finished))
         result.episode_lengths.extend(eplen_buf[done_buf].tolist())
         for r in finished:
             recent.append(r)
@@ -612,6 +734,7 @@ def train(config: PPOConfig | None = None, progress: bool = True) -> PPOResult:
 
         # ---- 3. optimise the surrogate for a few epochs ------------------------------------------
         beta = float(controller.value) if controller is not None else 0.0
+        ent_coef = float(ent_ctrl.value) if ent_ctrl is not None else cfg.ent_coef
         clipfracs: list[torch.Tensor] = []
         grad_ratio = 0.0
         pg_loss = v_loss = penalty = torch.zeros((), device=device)
@@ -665,13 +788,21 @@ def train(config: PPOConfig | None = None, progress: bool = True) -> PPOResult:
                     penalty = _kl_penalty_term(agent, cfg, mb_old, new_params, logratio)
                 v_loss = 0.5 * ((agent.value(mb_obs) - take(b_returns)) ** 2).mean()
                 loss = pg_loss + cfg.vf_coef * v_loss
-                if cfg.ent_coef != 0.0:
-                    loss = loss - cfg.ent_coef * agent.entropy(new_params).mean()
+                if ent_coef != 0.0:
+                    loss = loss - ent_coef * agent.entropy(new_params).mean()
                 if uses_penalty:
                     loss = loss + beta * penalty
-                if uses_penalty and cfg.monitor_grad_ratio and i == len(minibatches) - 1:
+                if cfg.policy_loss_fn is not None:    # a pluggable loss replaces the objective above
+                    pg_loss = _custom_policy_loss(cfg.policy_loss_fn, new_params, mb_old,
+                                                  take(b_actions), mb_adv, beta, clip)
+                    loss = pg_loss + cfg.vf_coef * v_loss
+                    if ent_coef != 0.0:
+                        loss = loss - ent_coef * agent.entropy(new_params).mean()
+                elif uses_penalty and cfg.monitor_grad_ratio and i == len(minibatches) - 1:
                     # measured on the last minibatch of each epoch; the last value is logged
                     grad_ratio = _monitor.grad_norm_ratio(beta * penalty, pg_loss, actor_params)
+                if anchor is not None and cfg.anchor_coef > 0:   # stay close to pi_A on its states
+                    loss = loss + cfg.anchor_coef * agent.exact_kl(anchor[1], agent.dist_params(anchor[0])).mean()
 
                 optimizer.zero_grad()
                 loss.backward()
@@ -697,7 +828,11 @@ def train(config: PPOConfig | None = None, progress: bool = True) -> PPOResult:
             full_logratio = agent.log_prob(new_full, b_actions) - agent.log_prob(old_params, b_actions)
             # (recomputed from old_params: b_logprobs may have been overwritten by a bug switch)
             stats = kl_monitor.record(exact, full_logratio)
-            entropy = agent.entropy(new_full).mean().item()
+            ent_states = agent.entropy(new_full)
+            entropy = ent_states.mean().item()
+            kl_uniform = (math.log(env.n_actions) - ent_states).mean().item() if env.discrete else 0.0
+            anchor_kl = (agent.exact_kl(anchor[1], agent.dist_params(anchor[0])).mean().item()
+                         if anchor is not None else 0.0)
             var_y = b_returns.var()
             explained_var = (1 - (b_returns - b_values).var() / var_y).item() if var_y > 0 else float("nan")
         if not math.isfinite(stats["kl_exact_mean"]):
@@ -705,6 +840,8 @@ def train(config: PPOConfig | None = None, progress: bool = True) -> PPOResult:
                                      "the policy diverged (check the objective and the bug switches)")
         if controller is not None:
             controller.update(stats["kl_exact_mean"], batch_size)
+        if ent_ctrl is not None:
+            ent_ctrl.update(kl_uniform, batch_size)
 
         rec = {
             "update": update, "global_step": global_step,
@@ -716,9 +853,12 @@ def train(config: PPOConfig | None = None, progress: bool = True) -> PPOResult:
             "value_loss": float(v_loss.detach()),
             "epochs_run": epochs_run, "explained_variance": explained_var,
             "episodic_return": ep_mean, "episodes_finished": len(result.episode_returns),
+            "ent_coef": ent_coef, "kl_uniform_mean": kl_uniform, "anchor_kl": anchor_kl,
         }
         for k in HISTORY_KEYS:
             history[k].append(rec[k])
+        if callback is not None:
+            callback(update, agent, rec)
         if progress and update % 10 == 0:
             bar.set_postfix(ret=f"{ep_mean:.1f}", kl=f"{stats['kl_exact_mean']:.4f}", refresh=False)
 
@@ -734,16 +874,20 @@ def train(config: PPOConfig | None = None, progress: bool = True) -> PPOResult:
 
 
 def evaluate(agent: Agent, env: str = "CartPole", num_episodes: int = 16, seed: int = 12345,
-             deterministic: bool = True, device: str = "cpu") -> list[float]:
+             deterministic: bool = True, device: str = "cpu",
+             env_kwargs: dict | None = None) -> list[float]:
     """Returns of ``num_episodes`` full episodes of ``agent`` (one per env copy, run in parallel).
 
     ``deterministic=True`` takes the most likely action (argmax / Gaussian mean); otherwise
     actions are sampled with a generator seeded by ``seed``. The same ``seed`` gives the same
-    initial states, so two agents can be compared on identical starts.
+    initial states, so two agents can be compared on identical starts. ``env_kwargs`` go to
+    the environment's constructor (a changed task, as in ``PPOConfig.env_kwargs``).
     """
     if not isinstance(num_episodes, int) or num_episodes < 1:
         raise ValueError(f"num_episodes: must be a positive integer, got {num_episodes!r}")
-    e = _envs.make_env(env, num_episodes, device=device, seed=seed)
+    if env_kwargs is not None and not isinstance(env_kwargs, dict):
+        raise ValueError(f"env_kwargs: must be a dict or None, got {type(env_kwargs).__name__}")
+    e = _envs.make_env(env, num_episodes, device=device, seed=seed, **(env_kwargs or {}))
     if e.discrete != agent.discrete:
         raise ValueError(f"env: {env!r} does not match the agent's action type")
     gen = torch.Generator(device=e.device)

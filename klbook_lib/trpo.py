@@ -15,8 +15,9 @@ quantity of the TRPO derivation can be inspected:
 * the Fisher matrix ``F = sum_s d(s) E_{a~pi_old}[score score^T]``, the Hessian of ``KLbar``
   at ``theta_old``;
 * the TRPO step: ``x = F^{-1} g`` by conjugate gradient, scaled to ``sqrt(2 delta / x^T F x)``
-  so that the quadratic model ``1/2 s^T F s`` of the KL equals ``delta``, then a backtracking
-  line search that checks the *actual* KL and the actual surrogate gain.
+  so that the quadratic model ``1/2 dtheta^T F dtheta`` of the KL equals ``delta`` (the step
+  is ``dtheta``, not ``s``, which names a state), then a backtracking line search that checks
+  the *actual* KL and the actual surrogate gain.
 
 :func:`short_corridor` builds the aliased corridor of Sutton and Barto (Example 13.1), where
 one parameter controls the policy in every state and too large a step is harmful.
@@ -100,7 +101,7 @@ class StepResult:
     J_before: float
     J_after: float
     step_fraction: float = 1.0
-    predicted_kl: float = float("nan")      # 1/2 s^T F s of the accepted step
+    predicted_kl: float = float("nan")      # 1/2 dtheta^T F dtheta of the accepted step
     line_search: list = field(default_factory=list)
     accepted: bool = True
 
@@ -265,8 +266,8 @@ def natural_gradient_step(mdp: TabularMDP, phi: np.ndarray, theta: np.ndarray, d
                           damping: float = 0.0, cg_iters: int = 50) -> StepResult:
     """One TRPO step: maximise ``L`` subject to ``KLbar(pi_old || pi_theta) <= delta``.
 
-    ``s = sqrt(2 delta / x^T F x) x`` with ``x = (F + damping I)^{-1} g`` by conjugate
-    gradient, then try ``theta + backtrack^j s`` for ``j = 0, 1, ...`` and accept the first
+    ``dtheta = sqrt(2 delta / x^T F x) x`` with ``x = (F + damping I)^{-1} g`` by conjugate
+    gradient, then try ``theta + backtrack^j dtheta`` for ``j = 0, 1, ...`` and accept the first
     that has actual ``KLbar <= delta`` and a positive surrogate gain. If none qualifies the
     parameters are left unchanged (``accepted=False``).
     """
@@ -314,11 +315,11 @@ def gradient_step(mdp: TabularMDP, phi: np.ndarray, theta: np.ndarray, lr: float
     g = np.einsum("s,sa,sa,sak->k", ev.eta, pi, ev.A, _scores(phi, pi))
     new = theta + lr * g
     F = fisher(phi, theta, ev.d)
-    s = lr * g
-    return StepResult(new, s, mean_kl(phi, theta, new, ev.d),
+    dtheta = lr * g
+    return StepResult(new, dtheta, mean_kl(phi, theta, new, ev.d),
                       float(np.einsum("s,sa,sa->", ev.eta, policy_probs(phi, new), ev.A)),
                       ev.J, evaluate(mdp, policy_probs(phi, new)).J, 1.0,
-                      float(0.5 * s @ F @ s))
+                      float(0.5 * dtheta @ F @ dtheta))
 
 
 def penalty_step(mdp: TabularMDP, phi: np.ndarray, theta: np.ndarray, beta: float,

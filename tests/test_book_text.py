@@ -5,11 +5,13 @@ import re
 
 import pytest
 
-from booktools import ROOT, hand_typed_numbers, markdown_cells
+from booktools import (ROOT, doubled_reference_words, hand_typed_numbers, markdown_cells,
+                       single_bar_divergences, toc_files, word_before_reference_role)
 
 CHAPTERS = sorted((ROOT / "chapters").glob("[0-9][0-9]_*.ipynb"))
 PAGES = sorted((ROOT / "chapters").glob("*.ipynb")) + sorted((ROOT / "exercises").glob("*.ipynb"))
 MD_PAGES = [ROOT / p for p in ("intro.md", "notation.md", "glossary.md", "grading.md") if (ROOT / p).exists()]
+ALL_MD_PAGES = [ROOT / f"{f}.md" for f in toc_files() if (ROOT / f"{f}.md").exists()]  # the book's pages
 
 
 def _id(p):
@@ -63,3 +65,50 @@ def test_every_glossary_term_has_its_chinese_equivalent():
     assert len(entries) >= 20
     for term, definition in entries:
         assert re.search(r"[\u4e00-\u9fff]", definition), f"glossary term {term!r} has no Chinese equivalent"
+
+
+# ---------------------------------------------------------------- KL's double bar
+
+def test_the_single_bar_check_catches_what_myst_makes_of_a_table():
+    # MyST turns '\\|' inside a Markdown table cell into '|': this is what the page then shows
+    assert single_bar_divergences(r"D_{\mathrm{KL}}(\text{target}\,|\,\text{model})")
+    assert single_bar_divergences(r"$D_{\mathrm{KL}}(p|q)$ and KL(target | model)") == [
+        r"D_{\mathrm{KL}}(p|q)", "KL(target | model)"]
+    assert single_bar_divergences(r"D_f(P|Q)") and single_bar_divergences(r"D_{\mathrm{KL}}(p \mid q)")
+    # double bars, and conditioning bars inside the arguments, are fine
+    for ok in (r"D_{\mathrm{KL}}(P\,\|\,Q)", r"D_{\mathrm{KL}}(p \Vert q)", "KL(π ‖ π_ref)",
+               r"D_{\mathrm{KL}}(\pi(\cdot|s)\,\Vert\,\pi_{\mathrm{ref}}(\cdot\mid s))", r"D_{TV}(P, Q)"):
+        assert single_bar_divergences(ok) == [], ok
+
+
+def _table_rows(markdown: str) -> list[str]:
+    return [line for line in markdown.splitlines() if line.lstrip().startswith("|")]
+
+
+@pytest.mark.parametrize("path", ALL_MD_PAGES + PAGES, ids=_id)
+def test_no_escaped_bar_in_markdown_tables(path):
+    """Inside a Markdown table `\\|` renders as a single bar (MyST reads it as an escaped
+    column separator): write `\\Vert` there, e.g. `$D_{\\mathrm{KL}}(P \\Vert Q)$`."""
+    sources = [path.read_text()] if path.suffix == ".md" else markdown_cells(path)
+    bad = [row.strip()[:120] for src in sources for row in _table_rows(src) if "\\|" in row]
+    assert not bad, f"{_id(path)}: '\\|' in table rows (write \\Vert):\n" + "\n".join(bad)
+
+
+# ---------------------------------------------------- references say their word once
+
+def test_the_doubled_word_checks_work():
+    assert doubled_reference_words("(exercise Exercise 4.3)") == ["exercise Exercise 4.3)"]
+    assert doubled_reference_words("see Figure Fig. 2.1") and doubled_reference_words("Fig. Figure 3")
+    assert doubled_reference_words("see Exercise 4.3 and Figure 2.1 and the figure (2.1)") == []
+    assert word_before_reference_role("see exercise {numref}`ex-04-3`")
+    assert word_before_reference_role("as Figure {numref}`fig-02-fits` shows")
+    assert word_before_reference_role("see {numref}`ex-04-3` and equation {eq}`eq-01-kl`") == []
+
+
+@pytest.mark.parametrize("path", ALL_MD_PAGES + PAGES, ids=_id)
+def test_no_word_before_a_reference_that_writes_it(path):
+    """{numref} renders "Exercise 4.3" / "Fig. 2.1" itself: "exercise {numref}`ex-04-3`"
+    would read "exercise Exercise 4.3"."""
+    sources = [path.read_text()] if path.suffix == ".md" else markdown_cells(path)
+    bad = [hit for src in sources for hit in word_before_reference_role(src)]
+    assert not bad, f"{_id(path)}: drop the word before the reference: {bad}"

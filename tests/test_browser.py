@@ -1,15 +1,32 @@
-"""The built book, opened by a real browser (headless Chromium, Debian's package).
+"""The built book, as its readers see it (headless Chromium, Debian's package).
 
-Run after the book build (`make test-browser`). For every HTML page: no console
-errors, math typeset by the locally served MathJax (no raw TeX left), every image
-loaded, every internal link (and its #anchor) resolves, and no resource is loaded from
-another host. Screenshots of the intro and of one chapter go to _build/screenshots/.
+Run after the book build (`make test-browser`). Every test here reads the built site:
+
+- every page: no console errors, math typeset by the locally served MathJax (no raw TeX
+  left), every image loaded, every internal link (and its #anchor) resolves, and no
+  resource is loaded from another host;
+- figures: no page and no cached execution shows a figure as the text "<Figure size";
+  every chapter has numbered figures and each shows a loaded image;
+- navigation at 390 px (a phone) and 1366 px (a laptop): the visible menu button opens
+  and closes the table of contents, the in-page contents opens, one header band only;
+- layout: at 1366 px no display equation or table is wider than the text column; on a
+  phone a wide one scrolls inside its own box and shows that it does (a fade), and an
+  equation's number stays in view;
+- text: the KL keeps its double bar in every table, no "exercise Exercise 4.3", the proof
+  index lists titles, the execution page has plain check marks, plotting code sits
+  behind a working "show code" toggle.
+
+The site checked is `_build/html`, or the folder named by the environment variable
+KLBOOK_HTML (e.g. a private build of tools/preview.py: /tmp/prev-NAME/book/_build/html).
+Screenshots go to `screenshots/` next to it.
 """
 from __future__ import annotations
 
 import functools
 import http.server
+import importlib.util
 import os
+import re
 import shutil
 import threading
 from pathlib import Path
@@ -18,12 +35,18 @@ from urllib.parse import unquote, urljoin, urlparse
 import pytest
 from bs4 import BeautifulSoup
 
+from booktools import doubled_reference_words, single_bar_divergences
+
 pytestmark = pytest.mark.browser
 
 ROOT = Path(__file__).resolve().parents[1]
-HTML = ROOT / "_build" / "html"
-SHOTS = ROOT / "_build" / "screenshots"
+HTML = Path(os.environ.get("KLBOOK_HTML") or ROOT / "_build" / "html").resolve()
+# the sources the site was built from (tools/preview.py builds a copy of the repository)
+BOOK = HTML.parents[1] if (HTML.parents[1] / "_toc.yml").exists() else ROOT
+CACHE = BOOK / "_build" / ".jupyter_cache"
+SHOTS = HTML.parent / "screenshots"
 SKIP_DIRS = ("_static", "_sources", "_images", "_downloads", "genindex")
+PHONE, LAPTOP = (390, 844), (1366, 900)
 
 
 def _pages() -> list[Path]:
@@ -32,6 +55,30 @@ def _pages() -> list[Path]:
     return sorted(p for p in HTML.rglob("*.html")
                   if not any(part in SKIP_DIRS for part in p.relative_to(HTML).parts)
                   and p.relative_to(HTML).as_posix() not in ("search.html", "genindex.html", "index.html"))
+
+
+def _rel(p: Path) -> str:
+    return p.relative_to(HTML).as_posix()
+
+
+@functools.lru_cache(maxsize=None)
+def _soup(rel: str) -> BeautifulSoup:
+    return BeautifulSoup((HTML / rel).read_text(errors="replace"), "html.parser")
+
+
+def _article(rel: str):
+    soup = _soup(rel)
+    return soup.find("article") or soup.body
+
+
+def _pages_with(*markers: str) -> list[str]:
+    """Pages whose HTML contains one of ``markers`` (a cheap test at collection time)."""
+    out = []
+    for p in _pages():
+        text = p.read_text(errors="replace")
+        if any(m in text for m in markers):
+            out.append(_rel(p))
+    return out
 
 
 def _chromium() -> str:
@@ -44,7 +91,7 @@ def _chromium() -> str:
 @pytest.fixture(scope="module")
 def server():
     if not HTML.exists():
-        pytest.fail("_build/html does not exist: build the book first (make test-book)")
+        pytest.fail(f"{HTML} does not exist: build the book first (make test-book)")
     handler = functools.partial(_QuietHandler, directory=str(HTML))
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
@@ -149,8 +196,8 @@ CHECK_PAGE_JS = """
 """
 
 
-def _open(browser, url):
-    page = browser.new_page(viewport={"width": 1280, "height": 900})
+def _open(browser, url, viewport=LAPTOP):
+    page = browser.new_page(viewport={"width": viewport[0], "height": viewport[1]})
     errors: list[str] = []
     page.on("console", lambda m: errors.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
     page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
@@ -159,17 +206,29 @@ def _open(browser, url):
     page.wait_for_function("() => !window.MathJax || (window.MathJax.startup && window.MathJax.startup.promise)",
                            timeout=15000)
     page.evaluate("() => window.MathJax && MathJax.startup ? MathJax.startup.promise : null")
-    page.wait_for_timeout(100)
+    page.wait_for_timeout(150)
     return page, errors
+
+
+_LAPTOP_VIEWS: dict[str, dict] = {}
+
+
+def _laptop_view(browser, server, rel: str) -> dict:
+    """One visit of a page at 1366 px, shared by the tests that only read it."""
+    if rel not in _LAPTOP_VIEWS:
+        page, errors = _open(browser, urljoin(server, rel), LAPTOP)
+        try:
+            _LAPTOP_VIEWS[rel] = {"errors": errors, "check": page.evaluate(CHECK_PAGE_JS),
+                                  "layout": page.evaluate(LAYOUT_JS), "figures": page.evaluate(NUMBERED_FIGURES_JS)}
+        finally:
+            page.close()
+    return _LAPTOP_VIEWS[rel]
 
 
 @pytest.mark.parametrize("rel", [str(p.relative_to(HTML)) for p in _pages()])
 def test_page_in_browser(browser, server, rel):
-    page, errors = _open(browser, urljoin(server, rel))
-    try:
-        info = page.evaluate(CHECK_PAGE_JS)
-    finally:
-        page.close()
+    view = _laptop_view(browser, server, rel)
+    errors, info = view["errors"], view["check"]
     assert not errors, f"{rel}: " + "; ".join(errors[:10])
     assert not info["untypeset"], f"{rel}: math not typeset: {info['untypeset'][:5]}"
     assert not info["raw"], f"{rel}: raw TeX left in the page: {info['raw'][:5]}"
@@ -188,18 +247,21 @@ def test_math_typesets_on_the_notation_page(browser, server):
 
 
 def test_screenshots(browser, server):
+    """What a reader sees first, on a laptop and on a phone (for people to look at)."""
     SHOTS.mkdir(parents=True, exist_ok=True)
     chapters = sorted((HTML / "chapters").glob("01_*.html")) or sorted((HTML / "chapters").glob("*.html"))
-    targets = {"intro.png": "intro.html"}
+    targets = {"intro": "intro.html"}
     if chapters:
-        targets["chapter.png"] = str(chapters[0].relative_to(HTML))
+        targets["chapter"] = str(chapters[0].relative_to(HTML))
     for name, rel in targets.items():
-        page, errors = _open(browser, urljoin(server, rel))
-        try:
-            page.screenshot(path=str(SHOTS / name), full_page=False)
-        finally:
-            page.close()
-        assert (SHOTS / name).stat().st_size > 10_000, f"{name} looks empty"
+        for suffix, viewport in (("", LAPTOP), ("-390", PHONE)):
+            shot = SHOTS / f"{name}{suffix}.png"
+            page, errors = _open(browser, urljoin(server, rel), viewport)
+            try:
+                page.screenshot(path=str(shot), full_page=False)
+            finally:
+                page.close()
+            assert shot.stat().st_size > 10_000, f"{shot.name} looks empty"
 
 
 def _chapter_pages() -> list[str]:
@@ -229,4 +291,368 @@ def test_chapter_apparatus_renders(browser, server, rel):
     assert any("_sources/" in d for d in downloads), f"{rel}: no download-notebook button"
     assert cites >= 1, f"{rel}: no citation links to the bibliography"
     assert blocks >= 1, f"{rel}: no theorem, definition or exercise block rendered"
+    assert not errors, errors
+
+
+# ----------------------------------------------------------------------------- figures
+
+def _site_module():
+    spec = importlib.util.spec_from_file_location("klbook_site_for_tests", ROOT / "_ext" / "klbook_site.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_no_page_shows_a_figure_as_text():
+    """A figure executed without an image output renders as "<Figure size 800x400 with 1 Axes>"."""
+    bad = [_rel(p) for p in _pages() if "<Figure size" in _soup(_rel(p)).get_text()]
+    assert not bad, f"pages that show a figure as text instead of an image: {bad}"
+
+
+def test_cached_executions_hold_images():
+    """The jupyter-cache entry the build used for every notebook of the book has an
+    image for each figure (a stale text-only entry would be served again and again)."""
+    import nbformat
+    from jupyter_cache import get_cache
+
+    from booktools import toc_files
+
+    if not CACHE.exists():
+        pytest.fail(f"no jupyter-cache at {CACHE}: build the book first")
+    cache = get_cache(str(CACHE))
+    text_only_figures = _site_module().text_only_figures
+    missing, bad = [], []
+    for doc in toc_files():
+        path = BOOK / f"{doc}.ipynb"
+        if not path.exists():
+            continue
+        nb = nbformat.read(path, as_version=4)
+        if not any(c.cell_type == "code" for c in nb.cells):
+            continue
+        try:
+            record = cache.match_cache_notebook(nb)
+        except KeyError:
+            missing.append(doc)
+            continue
+        found = text_only_figures(cache.get_cache_bundle(record.pk).nb)
+        if found:
+            bad.append(f"{doc}: {found[:3]}")
+    assert not bad, "cached executions with text-only figures:\n" + "\n".join(bad)
+    assert not missing, (f"notebooks changed since the book was built (no cached execution matches): "
+                         f"{missing}; build the book again")
+
+
+def test_the_text_only_figure_check_reads_glued_outputs():
+    check = _site_module().text_only_figures
+    figure_text = {"text/plain": "<Figure size 800x400 with 1 Axes>"}
+    png = {"image/png": "iVBORw0KGgo="}
+    glued = {f"application/papermill.record/{k}": v for k, v in figure_text.items()}
+
+    def nb(data):
+        return {"cells": [{"cell_type": "code", "outputs": [{"output_type": "display_data", "data": data}]}]}
+
+    assert check(nb(figure_text)) and check(nb(glued))
+    assert check(nb({**figure_text, **png})) == []
+    assert check(nb({**glued, **{f"application/papermill.record/{k}": v for k, v in png.items()}})) == []
+    assert check(nb({**glued, **png})), "a glued text-only figure next to an unrelated plain image"
+
+
+NUMBERED_FIGURES_JS = """
+() => [...document.querySelectorAll('article figure')]
+  .filter(f => f.querySelector('.caption-number'))
+  .map(f => {
+    const img = f.querySelector('img');
+    return {id: f.id || f.querySelector('.caption-number').textContent,
+            ok: !!img && img.complete && img.naturalWidth > 0,
+            text: f.textContent.includes('<Figure size')};
+  })
+"""
+
+
+@pytest.mark.parametrize("rel", _chapter_pages() if HTML.exists() else [])
+def test_numbered_figures_show_images(browser, server, rel):
+    figures = _laptop_view(browser, server, rel)["figures"]
+    assert figures, f"{rel}: no numbered figure (a glue:figure with a caption)"
+    broken = [f["id"] for f in figures if not f["ok"] or f["text"]]
+    assert not broken, f"{rel}: numbered figures without a loaded image: {broken} (of {len(figures)})"
+
+
+# -------------------------------------------------------------------------- navigation
+
+NAV_STATE_JS = """
+() => {
+  const onTop = (el) => {
+    if (!el) return false;
+    const r = el.getBoundingClientRect();
+    if (r.width < 1 || r.height < 1) return false;
+    const x = r.left + Math.min(r.width / 2, 20), y = r.top + r.height / 2;
+    if (x < 0 || y < 0 || x > innerWidth || y > innerHeight) return false;
+    const hit = document.elementFromPoint(x, y);
+    return !!hit && (hit === el || el.contains(hit));
+  };
+  const firstVisible = (sel) => [...document.querySelectorAll(sel)].find(onTop) || null;
+  const shown = (sel) => [...document.querySelectorAll(sel)].filter(e => e.checkVisibility({visibilityProperty: true}));
+  const header = document.getElementById('pst-header');
+  return {
+    tocLink: !!firstVisible('nav.bd-docs-nav a.reference'),
+    pageTocLink: !!firstVisible('nav.page-toc a, .bd-toc-nav a'),
+    primaryButtons: shown('.primary-toggle').map(e => e.className),
+    secondaryButtons: shown('.secondary-toggle').map(e => e.className),
+    headerBand: header ? Math.round(header.getBoundingClientRect().height) : 0,
+    searchBoxes: shown('.search-button__button, .bd-search').filter(onTop).length,
+    articleHeaderTop: Math.round(document.querySelector('.bd-header-article').getBoundingClientRect().top),
+  };
+}
+"""
+
+
+def _nav(page):
+    return page.evaluate(NAV_STATE_JS)
+
+
+@pytest.mark.parametrize("viewport", [PHONE, LAPTOP], ids=["390px", "1366px"])
+def test_menu_buttons_open_and_close_the_contents(browser, server, viewport):
+    chapters = _chapter_pages()
+    rel = chapters[0] if chapters else "notation.html"
+    page, errors = _open(browser, urljoin(server, rel), viewport)
+    try:
+        state = _nav(page)
+        assert state["headerBand"] == 0, f"an extra header band of {state['headerBand']} px above the page"
+        assert state["articleHeaderTop"] == 0, "the article header (with the menu buttons) is not at the top"
+        assert len(state["primaryButtons"]) == 1, f"visible menu buttons: {state['primaryButtons']}"
+        assert state["searchBoxes"] <= 1, f"{state['searchBoxes']} search boxes on screen"
+        toggle = page.locator(".primary-toggle").filter(visible=True).first
+        if viewport == PHONE:
+            assert not state["tocLink"], "the table of contents is open before the menu button is tapped"
+            toggle.click()
+            page.wait_for_timeout(400)
+            assert _nav(page)["tocLink"], "tapping the menu button did not show the table of contents"
+            page.mouse.click(viewport[0] - 10, viewport[1] // 2)  # beside the drawer
+            page.wait_for_timeout(400)
+            assert not _nav(page)["tocLink"], "tapping beside the drawer did not close it"
+            toggle.click()
+            page.wait_for_timeout(400)
+            assert _nav(page)["tocLink"], "the menu button does not open the drawer a second time"
+            page.keyboard.press("Escape")
+            page.wait_for_timeout(400)
+            assert not _nav(page)["tocLink"], "Escape did not close the drawer"
+            # the in-page contents
+            assert len(state["secondaryButtons"]) == 1, f"visible contents buttons: {state['secondaryButtons']}"
+            assert not state["pageTocLink"]
+            page.locator(".secondary-toggle").filter(visible=True).first.click()
+            page.wait_for_timeout(400)
+            assert _nav(page)["pageTocLink"], "tapping the contents button did not show the in-page contents"
+            page.keyboard.press("Escape")
+            page.wait_for_timeout(400)
+            assert not _nav(page)["pageTocLink"], "Escape did not close the in-page contents"
+        else:
+            assert state["tocLink"], "the table of contents is not shown on a wide screen"
+            assert state["pageTocLink"], "the in-page contents are not shown on a wide screen"
+            toggle.click()
+            page.wait_for_timeout(600)
+            assert not _nav(page)["tocLink"], "the menu button did not hide the table of contents"
+            toggle.click()
+            page.wait_for_timeout(600)
+            assert _nav(page)["tocLink"], "the menu button did not bring the table of contents back"
+    finally:
+        page.close()
+    assert not errors, errors
+
+
+# ------------------------------------------------------------------------------ layout
+
+LAYOUT_JS = """
+() => {
+  const col = document.querySelector('article.bd-article');
+  const colRight = col.getBoundingClientRect().right;
+  const tex = (c) => {
+    try { const items = MathJax.startup.document.getMathItemsWithin(c); if (items.length) return items[0].math.trim(); }
+    catch (e) {}
+    return c.textContent;
+  };
+  const label = (c) => {
+    const d = c.closest('div.math');
+    return ((d && d.id) ? d.id + ': ' : '') + tex(c).replace(/\\s+/g, ' ').slice(0, 70);
+  };
+  const scrollBox = (el) => {
+    for (let n = el; n && n !== col; n = n.parentElement) {
+      const ox = getComputedStyle(n).overflowX;
+      if (ox === 'auto' || ox === 'scroll') return n;
+    }
+    return null;
+  };
+  const cue = (box) => {
+    const cs = getComputedStyle(box);
+    return box.classList.contains('klbook-more-right') && /gradient/.test(cs.maskImage || cs.webkitMaskImage || '');
+  };
+  const eqs = [], tables = [];
+  for (const c of col.querySelectorAll('mjx-container[display="true"]')) {
+    const r = c.getBoundingClientRect();
+    const d = c.closest('div.math');
+    const n = d && d.querySelector(':scope > .eqno');
+    const nr = n && n.getBoundingClientRect();
+    eqs.push({label: label(c), hidden: c.scrollWidth - c.clientWidth, overRight: r.right - colRight,
+              right: r.right, overflowX: getComputedStyle(c).overflowX, cue: cue(c),
+              eqno: nr ? {left: nr.left, right: nr.right, top: nr.top, visible: n.checkVisibility()} : null});
+  }
+  for (const t of col.querySelectorAll('table')) {
+    if (t.closest('mjx-container, pre')) continue;
+    const box = scrollBox(t);
+    const r = t.getBoundingClientRect();
+    tables.push({label: (t.className ? t.className + ': ' : '') + t.innerText.replace(/\\s+/g, ' ').slice(0, 60),
+                 overRight: r.right - colRight, box: !!box,
+                 hidden: box ? box.scrollWidth - box.clientWidth : r.width - col.clientWidth,
+                 boxRight: box ? box.getBoundingClientRect().right : r.right, cue: box ? cue(box) : false});
+  }
+  return {eqs, tables, colRight, pageOverflow: document.documentElement.scrollWidth - innerWidth};
+}
+"""
+
+LAYOUT_PAGES = _pages_with('<div class="math', "<table") if HTML.exists() else []
+
+
+@pytest.mark.parametrize("rel", LAYOUT_PAGES)
+def test_equations_and_tables_fit_the_column_at_1366px(browser, server, rel):
+    """On a laptop nothing is clipped: split long equations with aligned/split, keep tables
+    to about 6-7 short columns (AUTHORING.md)."""
+    info = _laptop_view(browser, server, rel)["layout"]
+    wide = [f"equation {e['label']}: {round(max(e['hidden'], e['overRight']))} px too wide"
+            for e in info["eqs"] if e["hidden"] > 1 or e["overRight"] > 1]
+    wide += [f"table {t['label']}: {round(max(t['hidden'], t['overRight']))} px too wide"
+             for t in info["tables"] if t["hidden"] > 1 or t["overRight"] > 1]
+    if wide:
+        pytest.fail(f"{rel} at 1366 px, wider than the text column:\n" + "\n".join(wide), pytrace=False)
+
+
+@pytest.mark.parametrize("rel", LAYOUT_PAGES)
+def test_wide_equations_and_tables_scroll_visibly_on_a_phone(browser, server, rel):
+    """At 390 px a wide equation or table scrolls inside its own box, the box fades out at
+    the edge where content is hidden, the page itself does not scroll sideways, and an
+    equation's number stays on screen."""
+    page, errors = _open(browser, urljoin(server, rel), PHONE)
+    try:
+        info = page.evaluate(LAYOUT_JS)
+    finally:
+        page.close()
+    width = PHONE[0]
+    problems = []
+    if info["pageOverflow"] > 1:
+        problems.append(f"the page scrolls sideways by {info['pageOverflow']} px")
+    for e in info["eqs"]:
+        if e["right"] > width + 1:
+            problems.append(f"equation {e['label']} runs off the screen")
+        if e["hidden"] > 1 and (e["overflowX"] not in ("auto", "scroll") or not e["cue"]):
+            problems.append(f"equation {e['label']} is {e['hidden']} px wider than its box "
+                            f"but does not scroll with a visible cue (overflow-x {e['overflowX']})")
+        n = e["eqno"]
+        if n and (not n["visible"] or n["left"] < 0 or n["right"] > width + 1):
+            problems.append(f"the number of equation {e['label']} is cut off")
+    for t in info["tables"]:
+        if not t["box"] and t["hidden"] > 1:
+            problems.append(f"table {t['label']} is wider than the column and does not scroll")
+        elif t["boxRight"] > width + 1:
+            problems.append(f"table {t['label']}: its box runs off the screen")
+        elif t["hidden"] > 1 and not t["cue"]:
+            problems.append(f"table {t['label']} scrolls without a visible cue")
+    if problems:
+        pytest.fail(f"{rel} at 390 px:\n" + "\n".join(problems), pytrace=False)
+    assert not errors, errors
+
+
+# ------------------------------------------------------------------------- text checks
+
+def test_kl_keeps_its_double_bar_in_every_table():
+    """`\\|` in a Markdown table cell renders as a single bar: D_KL(target | model).
+    Checks the TeX MathJax reads, and the plain text, of every table cell of the site."""
+    bad = []
+    for p in _pages():
+        for cell in _article(_rel(p)).select("table td, table th"):
+            for hit in single_bar_divergences(cell.get_text(" ")):
+                bad.append(f"{_rel(p)}: {hit}")
+    assert not bad, "KL written with a single bar in a table (write \\Vert in table cells):\n" + "\n".join(bad)
+
+
+def test_no_reference_word_is_doubled():
+    """{numref} writes "Exercise 4.3" itself; "exercise {numref}`ex-04-3`" reads
+    "exercise Exercise 4.3"."""
+    bad = []
+    for p in _pages():
+        article = _article(_rel(p))
+        for code in article.select("pre, code, .highlight"):
+            code.decompose()
+        bad += [f"{_rel(p)}: {hit!r}" for hit in doubled_reference_words(article.get_text(" "))]
+    assert not bad, "doubled words before a reference:\n" + "\n".join(bad)
+
+
+PROOF_TYPES = ("Definition|Theorem|Lemma|Proposition|Corollary|Example|Remark|Axiom|Conjecture"
+               "|Criterion|Algorithm|Observation|Property|Assumption|Notation")
+
+
+def test_proof_index_lists_numbers_and_titles():
+    index = HTML / "prf-prf.html"
+    assert index.exists(), "no proof index page (prf-prf.html)"
+    article = _article("prf-prf.html")
+    links = article.select("a[href]")
+    texts = [a.get_text(" ", strip=True) for a in links]
+    raw = [t for t in texts if re.fullmatch(r"[a-z]+-\d+[\w-]*", t)]
+    assert not raw, f"the proof index lists raw labels: {raw}"
+    malformed = [t for t in texts if not re.fullmatch(rf"({PROOF_TYPES}) \d+(\.\d+)*( \(.+\))?", t)]
+    assert not malformed, f"proof index entries that are not 'Theorem 1.2 (title)': {malformed}"
+    # one entry per labelled definition/theorem of the book, each linking to its block
+    blocks = set()
+    for p in _pages():
+        for div in _article(_rel(p)).select("div.proof[id]"):
+            kinds = set(div.get("class", [])) - {"proof", "admonition"}
+            if kinds and not re.fullmatch(r"[a-z]+-\d+", div["id"]):
+                blocks.add(f"{_rel(p)}#{div['id']}")
+    linked = {a["href"] for a in links}
+    assert linked == blocks, f"index but no block: {sorted(linked - blocks)}; block but no entry: {sorted(blocks - linked)}"
+    assert texts and all("(" in t for t in texts if t.startswith(("Theorem", "Definition"))), texts
+
+
+def test_execution_status_uses_plain_check_marks():
+    """The status column reads "✓ passed"/"✗ failed" in text any font has (no emoji)."""
+    assert (HTML / "execution.html").exists()
+    article = _article("execution.html")
+    rows = article.select("table tbody tr")
+    assert len(rows) >= 10, f"the execution table lists {len(rows)} notebooks"
+    status = [r.select("td")[-1].get_text(strip=True) for r in rows]
+    assert set(status) <= {"\u2713 passed", "\u2717 failed"}, set(status)
+    emoji = [ch for p in _pages() for ch in set(_article(_rel(p)).get_text()) if ch in "\u2705\u274c\u274e\u2714\u2716"]
+    assert not emoji, f"emoji check marks in the site: {sorted(set(emoji))}"
+
+
+def test_instructor_pages_are_a_part_of_their_own():
+    nav = _soup("intro.html").select_one("nav.bd-docs-nav")
+    captions = [c.get_text(strip=True) for c in nav.select("p.caption")]
+    assert captions and captions[-1] == "For instructors", captions
+    last = nav.select("ul.bd-sidenav")[-1]
+    assert {a["href"] for a in last.select("a")} == {"grading.html", "execution.html"}
+
+
+# ----------------------------------------------------------------- "show code" toggles
+
+HIDE_INPUT_PAGES = _chapter_pages() if HTML.exists() else []
+
+
+@pytest.mark.parametrize("rel", HIDE_INPUT_PAGES)
+def test_plotting_code_opens_with_a_show_code_toggle(browser, server, rel):
+    """Cells tagged hide-input show their figure with the code one click away."""
+    tagged = _article(rel).select_one(".cell.tag_hide-input") is not None
+    assert tagged, f"{rel}: no cell hides its plotting code (tag plot-only cells 'hide-input')"
+    page, errors = _open(browser, urljoin(server, rel))
+    try:
+        cell = page.locator(".cell.tag_hide-input").first
+        code = cell.locator(".cell_input")
+        assert not code.is_visible(), f"{rel}: the hidden code is visible before the toggle is clicked"
+        summary = cell.locator("summary").first
+        assert summary.is_visible() and "show code" in summary.inner_text().lower()
+        summary.click()
+        page.wait_for_timeout(300)
+        assert code.is_visible(), f"{rel}: clicking 'Show code cell source' did not show the code"
+        summary.click()
+        page.wait_for_timeout(300)
+        assert not code.is_visible(), f"{rel}: clicking again did not hide the code"
+    finally:
+        page.close()
     assert not errors, errors

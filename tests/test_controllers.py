@@ -174,3 +174,40 @@ def test_proportional_rejects_step_that_would_flip_sign():
     c = C.ProportionalKL(1.0, target=1.0, horizon=10, clip=0.2)
     with pytest.raises(ValueError, match="n_steps"):
         c.update(0.0, n_steps=100)       # 1 - 0.2 * 10 < 0
+
+
+# ---------------------------------------------------------------- chapter 13: the entropy band
+
+def test_entropy_band_controller_rule_by_hand():
+    c = C.EntropyBandController(0.01, low=0.1, high=0.4, factor=2.0, coef_min=0.004, coef_max=0.05)
+    expected = []
+    # above the band: more bonus (0.02, 0.04, then the ceiling 0.05)
+    for kl, coef in [(0.5, 0.02), (0.6, 0.04), (0.69, 0.05), (0.3, 0.05),
+                     # below: less bonus (0.025, 0.0125, 0.00625, then the floor 0.004)
+                     (0.05, 0.025), (0.0, 0.0125), (0.01, 0.00625), (0.02, 0.004), (0.2, 0.004)]:
+        assert c.update(kl) == pytest.approx(coef)
+        expected.append({"kl_uniform": kl, "coef": pytest.approx(coef)})
+    assert c.history == expected
+    assert c.value == pytest.approx(0.004)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(coef=0.01, low=0.3, high=0.1), "high"), (dict(coef=0.01, low=0.0, high=0.1), "low"),
+    (dict(coef=0.01, low=0.1, high=0.3, factor=1.0), "factor"),
+    (dict(coef=0.01, low=0.1, high=0.3, coef_min=0.0), "coef_min"),
+    (dict(coef=0.01, low=0.1, high=0.3, coef_min=0.1, coef_max=0.05), "coef_max"),
+    (dict(coef=2.0, low=0.1, high=0.3), "coef"), (dict(coef=float("nan"), low=0.1, high=0.3), "coef"),
+])
+def test_entropy_band_controller_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        C.EntropyBandController(**kwargs)
+
+
+def test_entropy_band_controller_bad_updates():
+    c = C.EntropyBandController(0.01, low=0.1, high=0.3)
+    with pytest.raises(ValueError, match="kl"):
+        c.update(-0.5)
+    with pytest.raises(ValueError, match="kl"):
+        c.update(float("inf"))
+    with pytest.raises(ValueError, match="n_steps"):
+        c.update(0.2, n_steps=0)

@@ -232,3 +232,88 @@ def test_against_gymnasium_if_installed():
         _, rew, _, _, info = env.step(torch.tensor([[u]], dtype=torch.float64))
         assert info["final_obs"][0].tolist() == pytest.approx(pobs.tolist(), abs=1e-5)
         assert rew.item() == pytest.approx(float(prew), abs=1e-6)
+
+
+# ---------------------------------------------------------------- chapter 13: changed tasks and the chain
+
+def cartpole_ref_physics(state, action, g, mc, mp, half_len, f_mag):
+    """One CartPole step with other constants (the equations of cartpole_ref)."""
+    x, x_dot, th, th_dot = state
+    f = f_mag if action == 1 else -f_mag
+    c, s = math.cos(th), math.sin(th)
+    tmp = (f + mp * half_len * th_dot * th_dot * s) / (mc + mp)
+    th_acc = (g * s - c * tmp) / (half_len * (4.0 / 3.0 - mp * c * c / (mc + mp)))
+    x_acc = tmp - mp * half_len * th_acc * c / (mc + mp)
+    return [x + 0.02 * x_dot, x_dot + 0.02 * x_acc, th + 0.02 * th_dot, th_dot + 0.02 * th_acc]
+
+
+def test_cartpole_with_changed_physics_matches_the_equations():
+    rng = random.Random(7)
+    physics = dict(gravity=20.0, length=0.05, masspole=0.3, masscart=2.0, force_mag=4.0)
+    env = envs.CartPole(16, device="cpu", dtype=torch.float64, **physics)
+    states = [[rng.uniform(-1, 1), rng.uniform(-1, 1), rng.uniform(-0.1, 0.1), rng.uniform(-1, 1)]
+              for _ in range(16)]
+    actions = [rng.randrange(2) for _ in range(16)]
+    env.state = torch.tensor(states, dtype=torch.float64)
+    _, _, _, _, info = env.step(torch.tensor(actions))
+    for i in range(16):
+        ref = cartpole_ref_physics(states[i], actions[i], 20.0, 2.0, 0.3, 0.05, 4.0)
+        assert info["final_obs"][i].tolist() == pytest.approx(ref, abs=1e-12)
+    # the defaults are untouched, on the class and on other instances
+    assert envs.CartPole.length == 0.5 and envs.CartPole(1).polemass_length == pytest.approx(0.05)
+    with pytest.raises(ValueError, match="length"):
+        envs.CartPole(2, length=0.0)
+    with pytest.raises(ValueError, match="gravity"):
+        envs.CartPole(2, gravity=float("nan"))
+    e = envs.make_env("CartPole", 2, length=2.0)
+    assert e.length == 2.0
+
+
+def _chain_episode(actions, length, cont, quit_reward=0.1, goal_reward=1.0, move_cost=0.0):
+    """Return and length of one chain episode played from `actions` (a scalar reference)."""
+    pos, total = 0, 0.0
+    for t, a in enumerate(actions):
+        if a != cont[pos]:
+            return total + quit_reward, t + 1
+        if pos == length - 1:
+            return total + goal_reward, t + 1
+        total -= move_cost
+        pos += 1
+    raise AssertionError("the episode did not end")
+
+
+def test_deceptive_chain_every_action_sequence():
+    L = 6
+    for action_seed in (None, 3):
+        env = envs.DeceptiveChain(2 ** L, length=L, quit_reward=0.3, move_cost=0.01,
+                                  action_seed=action_seed, dtype=torch.float64)
+        cont = env.continue_action.tolist()
+        if action_seed is None:
+            assert cont == [1] * L
+        else:
+            assert 0 < sum(cont) < L      # this seed swaps the meaning in some positions
+        assert env.obs_dim == L and (env.obs == torch.eye(L)[0]).all()
+        seqs = [[(i >> t) & 1 for t in range(L)] for i in range(2 ** L)]
+        returns = [None] * (2 ** L)
+        for t in range(L):
+            _, _, term, trunc, info = env.step(torch.tensor([s[t] for s in seqs]))
+            assert not trunc.any()
+            for i in torch.nonzero(term).flatten().tolist():
+                if returns[i] is None:
+                    returns[i] = (info["episode_return"][i].item(), info["episode_length"][i].item())
+        for i, s in enumerate(seqs):
+            ref_ret, ref_len = _chain_episode(s, L, cont, 0.3, 1.0, 0.01)
+            assert returns[i][0] == pytest.approx(ref_ret, abs=1e-12) and returns[i][1] == ref_len
+        # exactly one sequence reaches the goal
+        assert sum(r[0] > 0.5 for r in returns) == 1
+
+
+def test_deceptive_chain_bad_arguments():
+    with pytest.raises(ValueError, match="length"):
+        envs.DeceptiveChain(2, length=0)
+    with pytest.raises(ValueError, match="quit_reward"):
+        envs.DeceptiveChain(2, quit_reward=float("inf"))
+    with pytest.raises(ValueError, match="action_seed"):
+        envs.DeceptiveChain(2, action_seed=1.5)
+    with pytest.raises(ValueError, match="action"):
+        envs.DeceptiveChain(2).step(torch.zeros(3, dtype=torch.long))

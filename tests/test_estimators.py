@@ -56,6 +56,41 @@ def test_unbiased_gaussian_torch_input():
         assert abs(float(vals.mean()) - true) < Z * se
 
 
+@pytest.mark.parametrize("mu_q,s_q", [(0.3, 1.0), (1.0, 1.0), (0.0, 0.8), (0.5, 1.1)])
+def test_k3_swapped_unbiased_for_the_other_direction(mu_q, s_q):
+    """Samples from p = N(0, 1); r log r - (r - 1) estimates KL(q || p), not KL(p || q).
+    (Pairs with s_q**2 well below 2, where the estimator's variance is finite.)"""
+    logp, logq = _gauss_logs(mu_q, s_q, 200_000, seed=5)
+    vals = E.k3_swapped(logp, logq)
+    se = vals.std(ddof=1) / math.sqrt(vals.size)
+    other = float(kl_divergence(Normal(float(mu_q), float(s_q)), Normal(0.0, 1.0)))
+    assert abs(vals.mean() - other) < Z * se
+    # and it is distinguishable from the KL it does not estimate (where the two differ)
+    if abs(other - _gauss_kl(mu_q, s_q)) > 0.01:
+        assert abs(vals.mean() - _gauss_kl(mu_q, s_q)) > Z * se
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_k3_swapped_brute_force_categorical(seed):
+    """E_p[r log r - (r - 1)] as an exact sum over all categories equals KL(q || p)."""
+    p, q = _random_categorical(7, seed)
+    vals = E.k3_swapped(np.log(p), np.log(q))
+    assert np.sum(p * vals) == pytest.approx(stats.entropy(q, p), rel=1e-10)
+    t = E.k3_swapped(torch.tensor(np.log(p)), torch.tensor(np.log(q)))
+    assert isinstance(t, torch.Tensor) and float((torch.tensor(p) * t).sum()) == pytest.approx(stats.entropy(q, p), rel=1e-10)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.floats(min_value=-30, max_value=30, allow_nan=False),
+                          st.floats(min_value=-30, max_value=30, allow_nan=False)), min_size=1, max_size=20))
+def test_k3_swapped_nonnegative(pairs):
+    logp = np.array([a for a, _ in pairs])
+    logq = np.array([b for _, b in pairs])
+    assert np.all(E.k3_swapped(logp, logq) >= 0)
+    with pytest.raises(ValueError, match="^logp"):
+        E.k3_swapped(np.array([np.nan]), np.array([0.0]))
+
+
 def _random_categorical(k, seed):
     rng = np.random.default_rng(seed)
     return rng.dirichlet(np.ones(k)), rng.dirichlet(np.ones(k))

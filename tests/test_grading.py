@@ -1,8 +1,9 @@
-"""The autograder: adversarial submissions, the CLI, and the reference solutions.
+"""The autograder: broken and cheating submissions, the CLI, and the reference solutions.
 
-Adversarial notebooks are built from the ex01 master (12 points: q1 kl_categorical 4,
-q2 kl_from_logits 4, q3 a number 2, q4 a letter 2) with cells replaced or added, and
-each test checks that the submission gets exactly the score it deserves.
+Submissions are built from the ex01 master (12 points: q1 kl_categorical 4, q2
+kl_from_logits 4, q3 a number 2, q4 a letter 2) with cells replaced or added, and each
+test checks that the submission gets exactly the score it deserves. The attacks of
+issue 13 on the sandbox itself are in ``tests/test_sandbox.py``.
 """
 from __future__ import annotations
 
@@ -125,14 +126,27 @@ def test_infinite_loop_in_a_function_times_out_that_question(tmp_path):
     assert "skipped after an earlier call timed out" in messages(r, "q1")
 
 
-def test_a_notebook_that_disables_the_alarm_is_killed_by_the_total_timeout(tmp_path):
+def test_a_cell_that_disables_the_alarm_is_stopped_from_outside_and_costs_only_itself(tmp_path):
     loop = ("import signal\nsignal.signal(signal.SIGALRM, signal.SIG_IGN)\n"
             "while True:\n    try:\n        pass\n    except BaseException:\n        pass")
     t = time.monotonic()
-    r = grade(write_nb(tmp_path, master_cells() + [loop]), timeout=4, cell_timeout=1)
+    r = grade(write_nb(tmp_path, master_cells()[:3] + [loop] + master_cells()[3:]), timeout=30,
+              cell_timeout=1)
     assert time.monotonic() - t < 20
+    assert r["score"] == 12
+    assert r["runs"] == 2                     # run again without the cell that hung
+    assert any(n.startswith("code cell 4 failed: stopped from outside") for n in r["notes"]), r["notes"]
+
+
+def test_the_total_time_limit_stops_a_notebook_and_says_so(tmp_path):
+    slow = "import time\nfor _ in range(100):\n    time.sleep(0.5)"
+    t = time.monotonic()
+    r = grade(write_nb(tmp_path, [slow] + master_cells()), timeout=3, cell_timeout=60)
+    assert time.monotonic() - t < 15
     assert r["score"] == 0
-    assert any("total time limit of 4 s" in n for n in r["notes"])
+    assert any("total time limit of 3 s" in n for n in r["notes"])
+    assert all(m.startswith("not graded: the notebook was stopped") for q in r["questions"]
+               for m in q["messages"])
 
 
 def test_nan_and_infinity_are_wrong_answers(tmp_path):
@@ -188,10 +202,20 @@ def test_sys_exit_is_caught_per_cell(tmp_path):
     assert any("called sys.exit(3)" in n for n in r["notes"])
 
 
-def test_hard_exit_of_the_process_scores_zero_with_a_message(tmp_path):
-    r = grade(write_nb(tmp_path, master_cells() + ["import os\nos._exit(0)"]))
-    assert r["score"] == 0
-    assert any("ended before reporting" in n for n in r["notes"])
+def test_hard_exit_of_the_process_costs_only_its_cell(tmp_path):
+    cells = master_cells()
+    r = grade(write_nb(tmp_path, cells[:2] + ["import os\nos._exit(0)"] + cells[2:]))
+    assert r["score"] == 12
+    assert any(n.startswith("code cell 3 failed: the notebook's process ended") for n in r["notes"])
+
+
+def test_a_crash_inside_a_function_costs_only_its_question(tmp_path):
+    fn = "def kl_from_logits(logits_p, logits_q):\n    import os\n    os._exit(1)"
+    cells = replace_cell(master_cells(), "def kl_from_logits", fn)
+    cells = replace_cell(cells, 'check("q2")', "pass")
+    r = grade(write_nb(tmp_path, cells))
+    assert points(r) == {**FULL, "q2": 0}
+    assert "the notebook's process ended during this call" in messages(r, "q2")
 
 
 def test_deleting_files_only_touches_the_temporary_copy(tmp_path):
@@ -216,18 +240,26 @@ os.remove({str(sub)!r})
     assert (decoy / "data.txt").read_text() == "keep me"
     assert sub.is_file() and (REPO / "exercises" / "ex01_kl_definition.ipynb").is_file()
     assert r["score"] == 12
-    assert any("not allowed while grading" in n or "refused" in n for n in r["notes"])
+    assert any(n.startswith("code cell 10 failed: FileNotFoundError") for n in r["notes"]), r["notes"]
 
 
-def test_memory_bombs_and_other_processes_are_refused(tmp_path):
+def test_memory_bombs_fork_bombs_and_other_processes_are_contained(tmp_path):
+    # a bounded "fork bomb" (300 sleeping children): the process limit stops it
+    forks = ("import os, time\nfor i in range(300):\n    if os.fork() == 0:\n"
+             "        time.sleep(60)\n        os._exit(0)")
     cells = ["big = bytearray(6 << 30)",
-             "import os\nstolen = open(f'/proc/{os.getppid()}/cmdline').read()",
-             "import os\nos.fork()"] + master_cells()
+             f"import os\nstolen = open('/proc/{os.getpid()}/cmdline').read()",
+             "import os\nif os.fork() == 0:\n    x = 1   # the child leaves the cell and ends",
+             forks] + master_cells()
+    t = time.monotonic()
     r = grade(write_nb(tmp_path, cells))
+    assert time.monotonic() - t < 30
     assert r["score"] == 12
     notes = " ".join(r["notes"])
     assert "code cell 1 failed: MemoryError" in notes
-    assert "code cell 2 failed: PermissionError" in notes and "code cell 3 failed: PermissionError" in notes
+    assert "code cell 2 failed: FileNotFoundError" in notes          # the grader is not in its world
+    assert "code cell 3" not in notes
+    assert "code cell 4 failed: BlockingIOError" in notes, notes
 
 
 def test_ipython_magics_are_skipped_not_fatal(tmp_path):
@@ -285,7 +317,8 @@ def test_monkeypatching_torch_comparisons_changes_nothing(tmp_path):
              "def dpo_loss(a, b, c, d, beta):\n    return torch.zeros_like(a)")
     r = grade(write_nb(tmp_path, replace_cell(cells, "def dpo_loss", wrong), "ex08_vi_elbo_dpo.ipynb"))
     assert points(r)["q1"] == 0
-    assert r["score"] == r["max_score"] - 4
+    assert points(r)["q6"] == 0          # q6 trains a model with this dpo_loss
+    assert r["score"] == r["max_score"] - 4 - 6
 
 
 def test_redefining_check_changes_nothing(tmp_path):
@@ -295,6 +328,7 @@ def test_redefining_check_changes_nothing(tmp_path):
 
 
 def test_hidden_tests_and_reference_solutions_are_out_of_reach(tmp_path):
+    """The simple attempts (more in tests/test_sandbox.py): each one raises."""
     hidden = REPO / "klbook_lib" / "grading" / "hidden"
     attempts = [
         "from klbook_lib.grading.hidden.reference import kl_categorical",
@@ -311,8 +345,8 @@ def test_hidden_tests_and_reference_solutions_are_out_of_reach(tmp_path):
          "for name in [m for m in sys.modules if m.startswith('klbook_lib')]:\n"
          "    del sys.modules[name]\n"
          "import klbook_lib.grading.hidden.reference as ref\nkl_categorical = ref.kl_categorical"),
-        f"import subprocess\nsubprocess.run(['cat', {str(hidden / 'bank.py')!r}])",
-        f"import os\nos.system('cat {hidden / 'bank.py'}')",
+        f"import subprocess\nsubprocess.run(['cat', {str(hidden / 'bank.py')!r}], check=True)",
+        f"import os\nassert os.system('cat {hidden / 'bank.py'}') == 0, 'cat failed'",
     ]
     cells = master_cells()[:1] + [WRONG_ANSWERS] + attempts
     r = grade(write_nb(tmp_path, cells))
@@ -320,9 +354,9 @@ def test_hidden_tests_and_reference_solutions_are_out_of_reach(tmp_path):
     failed = [n for n in r["notes"] if n.startswith("code cell")]
     assert len(failed) == len(attempts), r["notes"]        # every attempt raised
     notes = " ".join(r["notes"])
-    assert "import of klbook_lib.grading.hidden.reference refused" in notes
+    assert "import of klbook_lib.grading.hidden refused" in notes
     assert "import of klbook_lib.divergences refused" in notes
-    assert "refused to open" in notes and "refused to start a process" in notes
+    assert "No such file or directory" in notes and "CalledProcessError" in notes
 
 
 def test_fake_score_lines_do_not_fool_the_cli(tmp_path):
@@ -489,7 +523,7 @@ def test_reference_rewards_and_gae_by_brute_force():
     score, lp, lr = RNG.normal(size=B), RNG.normal(size=(B, T)), RNG.normal(size=(B, T))
     lengths = [5, 2, 3]
     mask = np.array([[1.0] * n + [0.0] * (T - n) for n in lengths])
-    got = R.per_token_rewards(score, lp, lr, mask, 0.1)
+    got = R.per_token_rewards(lp, lr, score, mask, 0.1)     # the library's argument order
     for i in range(B):
         for t in range(T):
             want = 0.0 if t >= lengths[i] else -0.1 * (lp[i, t] - lr[i, t])
@@ -554,11 +588,11 @@ def test_numeric_answers_against_independent_computations():
 
 
 def test_the_sandbox_has_no_secret_files():
-    from klbook_lib.grading import grader
+    from klbook_lib.grading import sandbox
 
-    assert not any("hidden" in f for f in grader.SANDBOX_FILES)
-    for rel in grader.SANDBOX_FILES:
-        assert (grader.PACKAGE_DIR / rel).is_file(), rel
+    assert not any("hidden" in f for f in sandbox.PUBLIC_FILES)
+    for rel in sandbox.PUBLIC_FILES:
+        assert (sandbox.PACKAGE_DIR / rel).is_file(), rel
     public = json.loads((REPO / "klbook_lib" / "grading" / "public_cases.json").read_text())
     for ex, qs in public.items():
         for qid, q in qs.items():
@@ -566,3 +600,14 @@ def test_the_sandbox_has_no_secret_files():
             if q["kind"] == "choice":
                 assert set(q) == {"title", "kind", "name", "points", "rtol", "atol", "options"}
     assert os.environ.get("KLBOOK_GRADING") is None
+
+
+def test_closing_the_result_pipe_costs_only_that_cell(tmp_path):
+    close_all = ("import os, time\nfor fd in range(3, 256):\n    try:\n        os.close(fd)\n"
+                 "    except OSError:\n        pass\ntime.sleep(8)")
+    cells = master_cells()
+    t = time.monotonic()
+    r = grade(write_nb(tmp_path, cells[:4] + [close_all] + cells[4:]), cell_timeout=30)
+    assert time.monotonic() - t < 25
+    assert r["score"] == 12, (points(r), r["notes"])
+    assert any(n.startswith("code cell 5 failed") for n in r["notes"]), r["notes"]

@@ -151,3 +151,90 @@ def test_klmonitor_record_agrees_with_summarize():
     for key, value in expected.items():
         assert rec[key] == pytest.approx(value, rel=1e-6, abs=1e-9), key
     assert rec["k3_p99"] == pytest.approx(float(np.percentile(monitor.k3(lr).numpy(), 99)), rel=1e-5)
+
+
+# ---------------------------------------------------------------- chapter 13: the gauge and averaging
+
+def test_kl_to_uniform_against_scipy_and_entropy():
+    from scipy.special import rel_entr
+
+    g = torch.Generator().manual_seed(0)
+    logits = 4 * torch.randn(50, 6, generator=g, dtype=torch.float64)
+    logits[0] = torch.tensor([0.0, -1e4, 0, 0, 0, 0])          # an action with probability 0
+    got = monitor.kl_to_uniform(logits)
+    p = torch.softmax(logits, -1).numpy()
+    expected = rel_entr(p, np.full_like(p, 1 / 6)).sum(-1)
+    assert np.allclose(got.numpy(), expected, atol=1e-12)
+    assert torch.allclose(got, math.log(6) - Categorical(logits=logits).entropy(), atol=1e-12)
+    assert monitor.kl_to_uniform(torch.zeros(3, 4)).abs().max() < 1e-7
+    with pytest.raises(ValueError, match="logits"):
+        monitor.kl_to_uniform(torch.zeros(3, 1))
+
+
+def test_exploration_stats_quantiles_and_share_near_deterministic():
+    from scipy.stats import entropy
+
+    g = torch.Generator().manual_seed(1)
+    logits = 3 * torch.randn(200, 3, generator=g, dtype=torch.float64)
+    stats = monitor.exploration_stats(logits, near_deterministic=0.5)
+    p = torch.softmax(logits, -1).numpy()
+    kl = math.log(3) - entropy(p, axis=-1)
+    assert stats["kl_uniform_mean"] == pytest.approx(kl.mean(), abs=1e-12)
+    assert stats["kl_uniform_min"] == pytest.approx(kl.min(), abs=1e-12)
+    assert stats["kl_uniform_max"] == pytest.approx(kl.max(), abs=1e-12)
+    for q, key in ((0.1, "kl_uniform_p10"), (0.5, "kl_uniform_p50"), (0.9, "kl_uniform_p90")):
+        assert stats[key] == pytest.approx(np.quantile(kl, q), abs=1e-12)
+    assert stats["frac_near_deterministic"] == pytest.approx(np.mean(kl > 0.5 * math.log(3)))
+    with pytest.raises(ValueError, match="near_deterministic"):
+        monitor.exploration_stats(logits, near_deterministic=1.0)
+
+
+def _fragments_by_hand(done):
+    """Fragment id of every sample, by a plain loop over copies and steps."""
+    T, N = len(done), len(done[0])
+    ids = [[0] * N for _ in range(T)]
+    k = -1
+    for n in range(N):
+        new = True
+        for t in range(T):
+            if new:
+                k += 1
+            ids[t][n] = k
+            new = bool(done[t][n])
+    return ids
+
+
+def test_episode_segments_and_batch_mean_against_a_loop():
+    rng = np.random.default_rng(3)
+    for T, N, p in [(6, 4, 0.3), (1, 3, 0.5), (9, 1, 0.4), (5, 5, 0.0), (4, 2, 1.0)]:
+        done = rng.random((T, N)) < p
+        values = rng.random((T, N))
+        ids = _fragments_by_hand(done.tolist())
+        assert monitor.episode_segments(torch.tensor(done)).tolist() == ids
+        frags = {}
+        for t in range(T):
+            for n in range(N):
+                frags.setdefault(ids[t][n], []).append(values[t, n])
+        by_episode = np.mean([np.mean(v) for v in frags.values()])
+        v, d = torch.tensor(values), torch.tensor(done)
+        assert monitor.batch_mean(v, d, by="episode") == pytest.approx(by_episode, abs=1e-12)
+        assert monitor.batch_mean(v, d, by="sample") == pytest.approx(values.mean(), abs=1e-12)
+
+
+def test_per_env_summary_and_bad_input():
+    values = torch.tensor([[1.0, 2.0, 0.0], [3.0, 2.0, 5.0]])
+    done = torch.tensor([[True, False, True], [True, False, False]])
+    out = monitor.per_env_summary(values, done)
+    assert out["mean"].tolist() == [2.0, 2.0, 2.5] and out["max"].tolist() == [3.0, 2.0, 5.0]
+    assert out["episodes_finished"].tolist() == [2, 0, 1]
+    assert set(monitor.per_env_summary(values)) == {"mean", "max"}
+    with pytest.raises(ValueError, match="values"):
+        monitor.batch_mean(torch.zeros(4), torch.zeros(4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="done"):
+        monitor.batch_mean(values, torch.zeros(3, 2, dtype=torch.bool))
+    with pytest.raises(ValueError, match="by"):
+        monitor.batch_mean(values, done, by="env")
+    with pytest.raises(ValueError, match="done"):
+        monitor.per_env_summary(values, torch.zeros(2, 2, dtype=torch.bool))
+    with pytest.raises(ValueError, match="done"):
+        monitor.episode_segments(torch.zeros(0, 3, dtype=torch.bool))

@@ -141,6 +141,50 @@ def test_history_is_complete_and_consistent():
     assert res.episode_returns == [float(n) for n in res.episode_lengths]  # CartPole: reward 1 per step
 
 
+def test_episode_start_and_end_updates_single_env():
+    """With one env copy, episodes follow each other: the first action of episode k is at
+    env step sum(lengths[:k]), so its start update is that step // num_steps + 1 (a
+    reconstruction from the lengths alone, independent of the bookkeeping in train)."""
+    T = 8
+    res = ppo.train(ppo.PPOConfig(num_envs=1, num_steps=T, total_timesteps=1024, stop_at_return=None),
+                    progress=False)
+    lengths = [int(n) for n in res.episode_lengths]
+    assert len(lengths) > 10
+    first = [sum(lengths[:k]) for k in range(len(lengths))]
+    assert res.episode_start_updates == [s // T + 1 for s in first]
+    assert res.episode_end_updates == [(s + n - 1) // T + 1 for s, n in zip(first, lengths)]
+
+
+def test_episode_start_updates_many_envs_consistent_with_lengths():
+    res = ppo.train(ppo.PPOConfig(**SHORT), progress=False)
+    T = res.config.num_steps
+    st, en, L = res.episode_start_updates, res.episode_end_updates, res.episode_lengths
+    assert len(st) == len(en) == len(L) == len(res.episode_returns) > 0
+    # end update from the recorded global step at the end of each rollout
+    assert en == [step // (T * res.config.num_envs) for step in res.episode_end_steps]
+    for s, e, n in zip(st, en, L):
+        # an episode of n steps spans (n - 1) // T or one more update boundaries
+        assert e - s in ((int(n) - 1) // T, (int(n) - 1) // T + 1), (s, e, n)
+    assert min(st) == 1
+
+
+def test_callback_sees_every_update():
+    seen = []
+
+    def cb(update, agent, record):
+        seen.append((update, agent.version, dict(record)))
+
+    res = ppo.train(ppo.PPOConfig(**SHORT), progress=False, callback=cb)
+    assert [u for u, _, _ in seen] == res.history["update"] == list(range(1, 9))
+    assert [v for _, v, _ in seen] == res.history["policy_version"]
+    assert [r["kl_exact_mean"] for _, _, r in seen] == res.history["kl_exact_mean"]
+    # the callback does not change what is trained
+    plain = ppo.train(ppo.PPOConfig(**SHORT), progress=False)
+    assert plain.history["kl_exact_mean"] == res.history["kl_exact_mean"]
+    with pytest.raises(ValueError, match="callback"):
+        ppo.train(ppo.PPOConfig(**SHORT), progress=False, callback=3)
+
+
 def test_training_is_deterministic():
     a = ppo.train(ppo.PPOConfig(**SHORT), progress=False).history
     b = ppo.train(ppo.PPOConfig(**SHORT), progress=False).history
@@ -236,3 +280,81 @@ def test_cartpole_bench_preset_solves():
     """Seed 2 of the benchmark preset reached the 475 mean at 23,552 steps (well under 100k)."""
     res = ppo.train(ppo.PPOConfig.cartpole_bench(seed=2), progress=False)
     assert res.solved and res.solved_at_step <= 100_000
+
+
+# ---------------------------------------------------------------- chapter 13: env_kwargs, entropy control, anchors
+
+def test_env_kwargs_reach_the_environment_and_evaluate():
+    res = ppo.train(ppo.PPOConfig(env="DeceptiveChain", env_kwargs={"length": 3}, **SHORT), progress=False)
+    assert res.agent.actor[0].in_features == 3
+    returns = ppo.evaluate(res.agent, "DeceptiveChain", 4, env_kwargs={"length": 3})
+    assert all(r in (pytest.approx(0.1), pytest.approx(1.0)) for r in returns)
+    with pytest.raises(ValueError, match="env_kwargs"):
+        ppo.PPOConfig(env_kwargs=[("length", 3)])
+    with pytest.raises(ValueError, match="env_kwargs"):
+        ppo.evaluate(res.agent, "DeceptiveChain", 2, env_kwargs="length=3")
+
+
+def test_kl_uniform_is_log2_minus_entropy_and_ent_controller_sets_the_coefficient():
+    from klbook_lib.controllers import EntropyBandController
+
+    ctrl = EntropyBandController(0.02, low=1e-6, high=2e-6, factor=1.5, coef_min=1e-3, coef_max=1.0)
+    res = ppo.train(ppo.PPOConfig(ent_controller=ctrl, **SHORT), progress=False)
+    h = res.history
+    for klu, ent in zip(h["kl_uniform_mean"], h["entropy"]):
+        assert klu == pytest.approx(math.log(2) - ent, abs=1e-6)
+    # every update used the controller's value, which grew by 1.5 each time (gauge above the band)
+    assert h["ent_coef"] == pytest.approx([0.02 * 1.5 ** k for k in range(8)])
+    assert res.ent_controller is not ctrl and ctrl.history == []          # the config's copy is untouched
+    assert [r["kl_uniform"] for r in res.ent_controller.history] == pytest.approx(h["kl_uniform_mean"])
+    plain = ppo.train(ppo.PPOConfig(ent_coef=0.3, **SHORT), progress=False).history
+    assert plain["ent_coef"] == [0.3] * 8
+    with pytest.raises(ValueError, match="ent_controller"):
+        ppo.PPOConfig(ent_controller=object())
+    with pytest.raises(ValueError, match="ent_controller"):
+        ppo.train(ppo.PPOConfig.pendulum(ent_controller=ctrl, total_timesteps=1024), progress=False)
+
+
+def test_init_agent_starts_from_the_given_weights():
+    base = ppo.train(ppo.PPOConfig(**SHORT), progress=False).agent
+    first = {}
+
+    def grab(update, agent, record):
+        if update == 1:
+            first["record"] = record
+
+    frozen = ppo.train(ppo.PPOConfig(init_agent=base, learning_rate=1e-30, anneal_lr=False, **SHORT),
+                       progress=False, callback=grab)
+    for p, q in zip(base.parameters(), frozen.agent.parameters()):
+        assert torch.allclose(p, q, atol=1e-6)
+    assert frozen.agent is not base
+    with pytest.raises(ValueError, match="init_agent"):
+        ppo.PPOConfig(init_agent="weights")
+    with pytest.raises(ValueError, match="init_agent"):
+        ppo.train(ppo.PPOConfig(env="DeceptiveChain", init_agent=base, **SHORT), progress=False)
+
+
+def test_anchor_penalty_logs_the_kl_and_holds_the_policy():
+    base = ppo.train(ppo.PPOConfig(**SHORT), progress=False).agent
+    states = torch.randn(64, 4, generator=torch.Generator().manual_seed(0)) * 0.05
+    seen = []
+
+    def anchor_kl_now(update, agent, record):
+        with torch.no_grad():
+            p = torch.log_softmax(base.dist_params(states)[0], -1)
+            q = torch.log_softmax(agent.dist_params(states)[0], -1)
+        seen.append(((p.exp() * (p - q)).sum(-1).mean().item(), record["anchor_kl"]))
+
+    kw = dict(init_agent=base, anchor_agent=base, anchor_obs=states, learning_rate=3e-2, anneal_lr=False, **SHORT)
+    free = ppo.train(ppo.PPOConfig(anchor_coef=0.0, **kw), progress=False, callback=anchor_kl_now)
+    for ref, logged in seen:
+        assert logged == pytest.approx(ref, rel=1e-4, abs=1e-9)
+    held = ppo.train(ppo.PPOConfig(anchor_coef=100.0, **kw), progress=False)
+    assert held.history["anchor_kl"][-1] < 0.1 * free.history["anchor_kl"][-1]
+    assert ppo.train(ppo.PPOConfig(**SHORT), progress=False).history["anchor_kl"] == [0.0] * 8
+    with pytest.raises(ValueError, match="anchor_obs"):
+        ppo.PPOConfig(anchor_agent=base)
+    with pytest.raises(ValueError, match="anchor_coef"):
+        ppo.PPOConfig(anchor_coef=1.0)
+    with pytest.raises(ValueError, match="anchor_obs"):
+        ppo.train(ppo.PPOConfig(anchor_agent=base, anchor_obs=torch.zeros(5, 3), **SHORT), progress=False)

@@ -235,3 +235,88 @@ def test_demo_fails_clearly_without_cuda(capsys):
     from klbook_lib.rlhf import demo
     assert demo.main(["--preset", "small", "--device", "cuda"]) == 2
     assert "CUDA is not available" in capsys.readouterr().err
+
+
+class ScaledCountReward(TokenCountReward):
+    """``scale`` times the token count: scores large enough for the score clip to bind."""
+
+    def __init__(self, token, scale):
+        super().__init__(token)
+        self.scale = scale
+
+    def score(self, input_ids, attention_mask):
+        return self.scale * super().score(input_ids, attention_mask)
+
+
+def test_measure_standard_errors_match_a_direct_computation(tok):
+    # per-response quantities recomputed independently (torch.distributions KL per position,
+    # data.true_reward per text); the standard error is numpy's ddof=1 std / sqrt(n)
+    policy, ref = micro_policy(tok, seed=1), micro_policy(tok, seed=2)
+    good = tok.encode(" good", add_special_tokens=False)[0]
+    rm = ScaledCountReward(good, 3.0)
+    g = torch.Generator().manual_seed(11)
+    ro = ppo.sample_responses(policy, tok, ["the food was", "i found the menu"] * 12, max_new_tokens=6, generator=g)
+    st = ppo.measure(policy, ref, rm, tok, ro)
+    with torch.no_grad():
+        lp, lq = ppo.response_logits(policy, ro), ppo.response_logits(ref, ro)
+    per_pos = torch.distributions.kl_divergence(torch.distributions.Categorical(logits=lp.double()),
+                                                torch.distributions.Categorical(logits=lq.double()))
+    kl_seq = (per_pos * ro.response_mask).sum(1).numpy()
+    true_r = np.array([data.true_reward(r) for r in ro.responses])
+    scores = rm.score(ro.input_ids, ro.attention_mask).numpy()
+    n = len(ro.responses)
+    assert st["kl_exact_seq"] == pytest.approx(kl_seq.mean(), rel=1e-4)
+    assert st["kl_exact_seq_se"] == pytest.approx(kl_seq.std(ddof=1) / np.sqrt(n), rel=1e-4)
+    assert st["true_reward_se"] == pytest.approx(true_r.std(ddof=1) / np.sqrt(n), rel=1e-6)
+    assert st["score_se"] == pytest.approx(scores.std(ddof=1) / np.sqrt(n), rel=1e-5)
+    assert st["score_abs_max"] == pytest.approx(np.abs(scores).max())
+    assert st["kl_exact_seq_se"] > 0 and st["true_reward_se"] > 0
+
+
+def test_score_clipped_fraction_counts_the_scores_the_clip_changes(tok):
+    policy, ref, value, _, good = _step_setup(tok)
+    rm = ScaledCountReward(good, 4.0)              # 0, 4, 8, ...: counts of 2 or more exceed the clip of 5
+    cfg = ppo.PPOConfig(batch_size=32, minibatch_size=16, max_new_tokens=8, missing_eos_score=None,
+                        score_clip=5.0)
+    g = torch.Generator().manual_seed(5)
+    prompts = ["the food was good good good"] * 32
+    ro = ppo.sample_responses(policy, tok, prompts, 8, 1.0, g)
+    scores = rm.score(ro.input_ids, ro.attention_mask)
+    expected = float((scores.abs() > 5.0).float().mean())
+    assert 0 < expected                           # the prompt itself holds three rewarded tokens
+    opt_pi = torch.optim.Adam(policy.parameters(), lr=1e-3)
+    opt_v = torch.optim.Adam(value.parameters(), lr=1e-3)
+    _, diag = ppo.ppo_step(policy, ref, rm, value, ro, 0.1, cfg, opt_pi, opt_v, torch.Generator().manual_seed(0))
+    assert diag["score_clipped_fraction"] == pytest.approx(expected)
+
+
+def test_prompts_can_be_restricted_for_training_and_evaluation(tok):
+    pipe = _mini_pipeline(tok)
+    held = [p for p in pipe.prompts if "pizza" in p]
+    stats, ro = ppo.evaluate_policy(pipe, pipe.ref_model, n=12, seed=0, max_new_tokens=3, prompts=held)
+    assert set(ro.prompts) <= set(held) and len(ro.prompts) == 12
+    # the default is every prompt of the pipeline, as before
+    _, ro_all = ppo.evaluate_policy(pipe, pipe.ref_model, n=12, seed=0, max_new_tokens=3)
+    _, ro_explicit = ppo.evaluate_policy(pipe, pipe.ref_model, n=12, seed=0, max_new_tokens=3,
+                                         prompts=pipe.prompts)
+    assert ro_all.prompts == ro_explicit.prompts and ro_all.responses == ro_explicit.responses
+    cfg = ppo.PPOConfig(batch_size=8, minibatch_size=8, max_new_tokens=3)
+    train = [p for p in pipe.prompts if "pizza" not in p]
+    seen = []
+    orig = ppo.sample_responses
+
+    def spy(policy, tokenizer, prompts, *args, **kwargs):
+        seen.extend(prompts)
+        return orig(policy, tokenizer, prompts, *args, **kwargs)
+
+    ppo.sample_responses = spy
+    try:
+        ppo.run_rlhf(pipe, beta=0.1, steps=2, seed=0, config=cfg, progress=False, prompts=train)
+    finally:
+        ppo.sample_responses = orig
+    assert len(seen) == 16 and not any("pizza" in p for p in seen)
+    for bad in ([], "the food was", [1, 2]):
+        with pytest.raises(ValueError, match="prompts"):
+            ppo.evaluate_policy(pipe, pipe.ref_model, n=2, prompts=bad)
+        with pytest.raises(ValueError, match="prompts"):
+            ppo.run_rlhf(pipe, steps=1, progress=False, prompts=bad)

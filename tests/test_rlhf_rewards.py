@@ -318,3 +318,53 @@ def test_property_score_on_last_real_token_any_padding(rows, beta, seed):
         for t in range(T):
             if mask[b, t] and t != last[b]:
                 assert math.isclose(float(out[b, t]), -beta * float(lp[b, t] - ref[b, t]), abs_tol=1e-12)
+
+
+# --------------------------------------------------------------------------- unmasked GAE (TRL's)
+def _gae_closed_form(rewards, values, gamma, lam):
+    """A_t = sum_{u >= t} (gamma*lam)**(u-t) * delta_u, delta_u = R_u + gamma*V_{u+1} - V_u, V_T = 0."""
+    B, T = rewards.shape
+    out = torch.zeros(B, T, dtype=torch.float64)
+    for b in range(B):
+        for t in range(T):
+            total = 0.0
+            for u in range(t, T):
+                v_next = float(values[b, u + 1]) if u + 1 < T else 0.0
+                delta = float(rewards[b, u]) + gamma * v_next - float(values[b, u])
+                total += (gamma * lam) ** (u - t) * delta
+            out[b, t] = total
+    return out
+
+
+def test_gae_unmasked_hand_case_score_on_first_pad():
+    # three real tokens then one pad; the score (1) sits on the pad, as in TRL's PPO trainer
+    r = torch.tensor([[0.0, 0.0, 0.0, 1.0]])
+    adv, ret = R.gae_unmasked(r, torch.zeros(1, 4), gamma=1.0, lam=0.95)
+    real = adv[0, :3]
+    torch.testing.assert_close(real, torch.tensor([0.95**3, 0.95**2, 0.95]))
+    torch.testing.assert_close(ret, adv)
+    # the book's masked GAE loses it entirely
+    from klbook_lib.rlhf import ppo
+    masked, _ = ppo.gae(r, torch.zeros(1, 4), torch.tensor([[1, 1, 1, 0]]), 1.0, 0.95)
+    assert torch.all(masked == 0)
+
+
+@pytest.mark.parametrize("gamma,lam", [(1.0, 0.95), (0.9, 0.8), (0.99, 1.0), (1.0, 0.0)])
+def test_gae_unmasked_matches_closed_form(gamma, lam):
+    g = torch.Generator().manual_seed(11)
+    r = torch.randn(3, 6, generator=g, dtype=torch.float64)
+    v = torch.randn(3, 6, generator=g, dtype=torch.float64)
+    adv, ret = R.gae_unmasked(r, v, gamma, lam)
+    torch.testing.assert_close(adv, _gae_closed_form(r, v, gamma, lam))
+    torch.testing.assert_close(ret, adv + v)
+
+
+def test_gae_unmasked_bad_inputs():
+    with pytest.raises(ValueError, match="values"):
+        R.gae_unmasked(torch.zeros(2, 3), torch.zeros(2, 4))
+    with pytest.raises(ValueError, match="lam"):
+        R.gae_unmasked(torch.zeros(2, 3), torch.zeros(2, 3), lam=1.5)
+    with pytest.raises(ValueError, match="gamma"):
+        R.gae_unmasked(torch.zeros(2, 3), torch.zeros(2, 3), gamma=-0.1)
+    with pytest.raises(ValueError, match="rewards"):
+        R.gae_unmasked(torch.zeros(3), torch.zeros(3))

@@ -111,6 +111,7 @@ def _screenshots(html: Path, pages: list[str], out: Path) -> list[Path]:
                 page.evaluate("() => window.MathJax && MathJax.startup ? MathJax.startup.promise : null")
                 page.wait_for_timeout(300)
                 for line in page.evaluate(OVERFLOW_JS):
+                    line = line.encode("utf-8", "replace").decode("utf-8")  # lone surrogates
                     print(f"  {page_name} at {width} px: {line}")
                 path = out / f"{page_name.replace('/', '__')}-{width}.png"
                 page.screenshot(path=str(path), full_page=True)

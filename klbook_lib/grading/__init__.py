@@ -8,7 +8,8 @@ In a notebook::
 
 From a shell: ``klbook grade exercises/ex01_kl_definition.ipynb`` (see ``grading.md``).
 This module imports nothing secret: reference solutions and hidden tests live in
-:mod:`klbook_lib.grading.hidden`, which only the grader's own process loads.
+:mod:`klbook_lib.grading.hidden`, which only the grader's own process loads; the
+notebook being graded runs in a bubblewrap sandbox (:mod:`klbook_lib.grading.sandbox`).
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ def checker_for(exercise: str):
 
 
 def grade(notebook, **kwargs) -> dict:
-    """Grade a notebook in a separate process (see :func:`klbook_lib.grading.grader.grade`)."""
+    """Grade a notebook in a sandbox (see :func:`klbook_lib.grading.grader.grade`)."""
     from klbook_lib.grading.grader import grade as _grade
 
     return _grade(notebook, **kwargs)

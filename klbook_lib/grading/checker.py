@@ -8,8 +8,10 @@ runs public *and* hidden cases in its own process.
 """
 from __future__ import annotations
 
+import importlib
 import inspect
 import json
+import os
 from pathlib import Path
 from typing import Any, Callable
 
@@ -34,6 +36,8 @@ def _check_one(qid: str, q: dict, ns: dict) -> tuple[int, int]:
         if obj is missing or not callable(obj):
             print(f"{head}: define the function `{q['name']}` and run its cell first")
             return 0, len(q["cases"])
+        if q.get("outcome_checks") and not q["cases"]:
+            return _check_outcome(head, obj, q)
         passed = 0
         lines = []
         for i, case in enumerate(q["cases"], 1):
@@ -76,10 +80,36 @@ def _check_one(qid: str, q: dict, ns: dict) -> tuple[int, int]:
     if not (arr == arr).all() or abs(arr).max(initial=0) == float("inf"):
         print(f"{head}: `{q['name']}` is not finite")
         return 0, 1
-    terms = ([f"{q['atol']:g}"] if q["atol"] else []) + ([f"{q['rtol']:g} * |expected|"] if q["rtol"] else [])
     print(f"{head}: answer has the right form; the grader checks its value "
-          f"(tolerance: |error| <= {' + '.join(terms) or '0'})")
+          f"({compare.tolerance_text(q['rtol'], q['atol'])})")
     return 1, 1
+
+
+def _check_outcome(head: str, fn: Callable, q: dict) -> tuple[int, int]:
+    """Run an outcome-graded function as the grader will (a training run) and judge the result
+    with the task's own judge. Skipped while grading: the grader runs it itself."""
+    if os.environ.get("KLBOOK_GRADING") == "1":
+        print(f"{head}: the grader runs this training itself")
+        return 0, len(q["outcome_checks"])
+    passed = 0.0
+    results: dict = {}
+    for check in q["outcome_checks"]:
+        key = json.dumps(check["args"])
+        try:
+            if key not in results:
+                results[key] = fn(*check["args"])
+            credit, why = getattr(importlib.import_module(check["module"]), check["judge"])(
+                results[key], **check["kwargs"])
+        except NotImplementedError:
+            print(f"{head}: not implemented yet (a function it calls still raises NotImplementedError)")
+            return 0, len(q["outcome_checks"])
+        except Exception as exc:  # noqa: BLE001 - report, never raise
+            print(f"{head}: {check['why']}: FAILED, raised {type(exc).__name__}: {exc}")
+            continue
+        passed += credit
+        print(f"{head}: {check['why']}: credit {credit:g} of 1: {why}")
+    print(f"  (the grader runs {q['n_hidden']} hidden cases like these, on other seeds)")
+    return passed, len(q["outcome_checks"])
 
 
 def checker_for(exercise: str) -> Callable[..., None]:

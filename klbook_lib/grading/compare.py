@@ -141,9 +141,19 @@ def compare_numeric(expected: np.ndarray, got_data: Any, rtol: float, atol: floa
     finite = np.isfinite(expected)
     err = np.abs(got[finite] - expected[finite])
     if not same_inf.all() or not (err <= atol + rtol * np.abs(expected[finite])).all():
-        return False, (f"wrong value: {shown} "
-                       f"(tolerance: |error| <= {atol:g} + {rtol:g} * |expected|)")
+        return False, f"wrong value: {shown} ({tolerance_text(rtol, atol)})"
     return True, "ok"
+
+
+def tolerance_text(rtol: float, atol: float) -> str:
+    """How close an answer must be, in words: exact, absolute, relative or both."""
+    if rtol == 0 and atol == 0:
+        return "the answer must be exact"
+    if atol == 0:
+        return f"tolerance: relative error <= {rtol:g}"
+    if rtol == 0:
+        return f"tolerance: |error| <= {atol:g}"
+    return f"tolerance: |error| <= {atol:g} + {rtol:g} * |expected|"
 
 
 def normalise_choice(data: Any) -> str | None:

@@ -1,15 +1,23 @@
-"""The grader's side: run a submission in a separate process, compare answers here.
+"""The grader's side: run a submission in a sandbox, compare its answers here.
 
 :func:`grade` never raises on a bad submission and never hangs: whatever the notebook
 does, it returns a result with per-question points and messages. Expected answers are
 computed here, in the grader's process, from the reference solutions in
-:mod:`klbook_lib.grading.hidden`; the student's process only ever sees test inputs.
+:mod:`klbook_lib.grading.hidden`; the student's code runs in a bubblewrap sandbox (see
+:mod:`klbook_lib.grading.sandbox`) that only ever sees the test inputs.
+
+Time limits are enforced from outside: the grader follows the runner's events (a cell
+started, a call started...) and kills the whole sandbox when one overruns its limit.
+Answers arrive as each question is answered, so what was answered before the kill is
+kept; the notebook is then run again without the cell or the question that hung.
 """
 from __future__ import annotations
 
 import json
+import math
 import os
-import shutil
+import re
+import selectors
 import signal
 import site
 import subprocess
@@ -20,42 +28,44 @@ import time
 from pathlib import Path
 from typing import Any
 
+from klbook_lib.grading import compare, protocol, sandbox
+from klbook_lib.grading.protocol import clean
+from klbook_lib.grading.sandbox import PACKAGE_DIR, REPO_DIR, Limits  # noqa: F401 - re-exported
 
-from klbook_lib.grading import compare
-
-PACKAGE_DIR = Path(__file__).resolve().parents[1]          # .../klbook_lib
-REPO_DIR = PACKAGE_DIR.parent
-GRADING_DIR = Path(__file__).resolve().parent
-# What the student's process gets of the library: the public checker and nothing else.
-SANDBOX_FILES = ("runtime.py", "grading/__init__.py", "grading/checker.py",
-                 "grading/compare.py", "grading/public_cases.json")
-# The sandbox's own package __init__: it does not depend on what the real one imports.
-SANDBOX_INIT = '''"""klbook_lib as a notebook sees it while being graded: the checker and runtime only."""
-import importlib
-
-
-def __getattr__(name):
-    if name.startswith("__"):
-        raise AttributeError(name)
-    return importlib.import_module(f"{__name__}.{name}")
-'''
-ALLOWED_MODULES = ("klbook_lib", "klbook_lib.runtime", "klbook_lib.grading",
-                   "klbook_lib.grading.checker", "klbook_lib.grading.compare")
-MAX_RESULT_BYTES = 20_000_000
+DEFAULT_TIMEOUT = 60.0      # seconds for the whole notebook (all runs together)
+DEFAULT_CELL_TIMEOUT = 20.0
+DEFAULT_CALL_TIMEOUT = 5.0
+STARTUP_SECONDS = 60.0      # from starting the sandbox to its first event
+IDLE_SECONDS = 30.0         # the runner's own work between two events
+MAX_RUNS = 8                # a notebook that hangs again and again is not run forever
+MAX_NOTEBOOK_BYTES = 50 << 20
 MAX_OUTPUT_CHARS = 1_000_000
+PIPE_TAIL = 4000            # bytes of the sandbox's stdout/stderr kept for messages
 
 
-MAX_MEMORY_BYTES = 4 << 30       # address space of the student's process
-MAX_FILE_BYTES = 64 << 20        # largest file it may write
+class GraderError(RuntimeError):
+    """The grader itself could not run (unknown exercise, missing file, no isolation...)."""
+
+
+class IsolationUnavailable(GraderError):
+    """No OS-level sandbox on this machine (and ``unsafe_no_isolation`` was not given)."""
+
+
+def isolation(unsafe_no_isolation: bool = False) -> sandbox.Backend:
+    """The sandbox notebooks will run in; raises :class:`IsolationUnavailable` if none."""
+    if unsafe_no_isolation:
+        return sandbox.UNSAFE
+    try:
+        return sandbox.backend()
+    except sandbox.SandboxUnavailable as exc:
+        raise IsolationUnavailable(
+            f"cannot isolate the notebook's code: {exc}. Student code is only run inside a "
+            "sandbox; to grade anyway, without any protection of this machine, its files or "
+            "the grade, pass --unsafe-no-isolation") from None
 
 
 def blocked_roots() -> list[str]:
-    """Paths the student's process may not open.
-
-    With the usual editable install that is the whole repository (reference solutions,
-    hidden tests, masters, git history) except the directories holding the Python
-    environment; with a regular install it is the installed package.
-    """
+    """Paths the audit hook of the *unsafe* mode refuses to open (best effort only)."""
     env_dirs = [Path(p).resolve() for p in (sys.prefix, *site.getsitepackages())]
     if any(PACKAGE_DIR.is_relative_to(e) for e in env_dirs):
         return [str(PACKAGE_DIR)]
@@ -67,42 +77,41 @@ def blocked_roots() -> list[str]:
     return roots
 
 
-class GraderError(RuntimeError):
-    """The grader itself could not run (unknown exercise, missing file...)."""
+# ---------------------------------------------------------------- reading the submission
+_EXERCISE_IN_NAME = re.compile(r"(?<![A-Za-z0-9])(ex\d\d)(?!\d)", re.IGNORECASE)
 
 
-def _drain(stream, keep: int, sink: list) -> None:
-    """Read a pipe to its end, keeping the first ``keep`` bytes (so a flood cannot block)."""
-    kept = 0
-    while True:
-        chunk = stream.read(65536)
-        if not chunk:
-            break
-        if kept < keep:
-            sink.append(chunk[: keep - kept])
-            kept += len(sink[-1])
-    stream.close()
+def find_exercise(path: Path, nb: Any, exercise: str | None) -> tuple[str, list[str]]:
+    """The exercise to grade: ``exercise`` if given, else the ``exNN`` in the file's name.
 
-
-def find_exercise(path: Path, nb: Any, exercise: str | None) -> str:
+    The notebook's own metadata is never trusted (a student can edit it); if it disagrees,
+    a note says so.
+    """
     from klbook_lib.grading.hidden import bank
 
     names = bank.exercise_names()
     if exercise is not None:
         if exercise not in names:
-            raise GraderError(f"exercise: unknown exercise {exercise!r}; known: {', '.join(names)}")
-        return exercise
+            raise GraderError(f"exercise: unknown exercise {clean(exercise, 80)!r}; "
+                              f"known: {', '.join(names)}")
+        name = exercise
+    else:
+        prefixes = {m.lower() for m in _EXERCISE_IN_NAME.findall(path.stem)}
+        found = [n for n in names if n.split("_")[0] in prefixes]
+        if len(found) != 1:
+            why = "names several exercises" if len(found) > 1 else "does not name an exercise"
+            raise GraderError(f"cannot tell which exercise {clean(path.name, 120)!r} is: its name "
+                              f"{why}; name the file exNN_... or pass --exercise")
+        name = found[0]
+    notes = []
     try:
         meta = nb["metadata"]["klbook"]["exercise"]
-        if meta in names:
-            return meta
-    except (TypeError, KeyError):
-        pass
-    for name in names:
-        if path.stem.startswith(name.split("_")[0]):
-            return name
-    raise GraderError(f"cannot tell which exercise {path.name} is: name the file exNN_... "
-                      "or pass --exercise")
+    except (TypeError, KeyError, IndexError):
+        meta = None
+    if meta is not None and meta != name:
+        notes.append(f"the notebook's metadata names the exercise {clean(meta, 60)!r}; "
+                     f"it was graded as {name}")
+    return name, notes
 
 
 def _read_cells(nb: Any) -> list[str]:
@@ -122,96 +131,427 @@ def _read_cells(nb: Any) -> list[str]:
     return sources
 
 
-def _make_sandbox(root: Path) -> tuple[Path, Path]:
-    lib = root / "lib"
-    for rel in SANDBOX_FILES:
-        dst = lib / "klbook_lib" / rel
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(PACKAGE_DIR / rel, dst)
-    (lib / "klbook_lib" / "__init__.py").write_text(SANDBOX_INIT, encoding="utf-8")
-    shutil.copyfile(GRADING_DIR / "runner.py", root / "runner.py")
-    work = root / "work"
-    (work / "tmp").mkdir(parents=True)
-    return lib, work
+def _grace(seconds: float) -> float:
+    """How long past its own limit a cell or call may run before the sandbox is killed."""
+    return min(10.0, 1.0 + 0.25 * seconds)
 
 
-def run_student(cells: list[str], questions: list[dict], notebook: Path, timeout: float,
-                cell_timeout: float, call_timeout: float) -> tuple[dict | None, str]:
-    """Execute ``cells`` in a fresh interpreter; return (its report or None, a failure reason)."""
-    with tempfile.TemporaryDirectory(prefix="klbook-grade-") as tmp:
-        root = Path(tmp)
-        lib, work = _make_sandbox(root)
-        shutil.copyfile(notebook, work / notebook.name)   # the notebook sees a copy, never the original
-        read_fd, write_fd = os.pipe()
-        plan = {"sandbox": str(lib), "site": site.getsitepackages(), "workdir": str(root),
-                "blocked_roots": blocked_roots(), "max_memory": MAX_MEMORY_BYTES,
-                "max_file_size": MAX_FILE_BYTES,
-                "allowed_modules": list(ALLOWED_MODULES), "cells": cells, "questions": questions,
-                "cell_timeout": cell_timeout, "call_timeout": call_timeout,
-                "max_output": MAX_OUTPUT_CHARS, "result_fd": write_fd}
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(work),
-               "TMPDIR": str(work / "tmp"), "MPLBACKEND": "Agg", "MPLCONFIGDIR": str(work / "tmp"),
-               "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONHASHSEED": "0",
-               "PYTHONDONTWRITEBYTECODE": "1", "KLBOOK_GRADING": "1", "LANG": "C.UTF-8"}
-        proc = subprocess.Popen([sys.executable, "-I", "-S", str(root / "runner.py")], cwd=work,
-                                env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, pass_fds=(write_fd,), start_new_session=True)
-        os.close(write_fd)
-        result_chunks: list[bytes] = []
-        junk: list[bytes] = []
-        threads = [threading.Thread(target=_drain, args=(os.fdopen(read_fd, "rb"), MAX_RESULT_BYTES,
-                                                         result_chunks), daemon=True),
-                   threading.Thread(target=_drain, args=(proc.stdout, 10_000, junk), daemon=True),
-                   threading.Thread(target=_drain, args=(proc.stderr, 10_000, junk), daemon=True)]
-        for t in threads:
-            t.start()
-        reason = ""
+# ---------------------------------------------------------------- running the sandbox
+class _Session:
+    """One notebook's grading: one or more sandbox runs, the answers they streamed back."""
+
+    def __init__(self, backend: sandbox.Backend, cells: list[str], questions: list[dict],
+                 notebook_name: str, notebook_text: str, total: float, cell_timeout: float,
+                 limits: Limits, library: tuple = ()) -> None:
+        self.backend, self.cells, self.questions = backend, cells, questions
+        self.library = tuple(dict.fromkeys(library))
+        self.library_files = sandbox.library_files(self.library)
+        self.qmap = {q["id"]: q for q in questions}
+        self.notebook_name, self.notebook_text = notebook_name, notebook_text
+        self.total, self.cell_timeout, self.limits = total, cell_timeout, limits
+        self.answers: dict[str, dict] = {}        # committed answers, by question id
+        self.seconds: dict[str, float] = {}       # time each question's evaluation took
+        self.cell_errors: dict[int, str] = {}     # latest state of each cell that failed
+        self.skip_cells: dict[int, str] = {}      # cells that hung or crashed: not run again
+        self.skip_questions: set[str] = set()
+        self.notes: list[str] = []
+        self.student_notes: list[str] = []
+        self.rejected = 0
+        self.runs = 0
+        self.stopped_early = False
+
+    # -- one run
+    def _plan(self, result_fd: int, staging: Path) -> dict:
+        plan = {"cells": self.cells, "questions": self.questions, "cell_timeout": self.cell_timeout,
+                "max_output": MAX_OUTPUT_CHARS, "result_fd": result_fd,
+                "modules": list(sandbox.PUBLIC_MODULES), "packages": list(self.library),
+                "site": sandbox.site_dirs(),
+                "limits": sandbox.plan_limits(self.limits, self.total),
+                "notebook_name": self.notebook_name, "notebook_text": self.notebook_text,
+                "skip_cells": sorted(self.skip_cells), "skip_questions": sorted(self.skip_questions)}
+        if self.backend.isolated:
+            plan.update(lib=sandbox.INSIDE_LIB, work=sandbox.INSIDE_WORK,
+                        uid=sandbox.fresh_uid() if self.backend.mode == "root" else None)
+        else:
+            plan.update(lib=str(staging / "lib"), work=str(staging / "work"), uid=None,
+                        guards={"blocked_roots": blocked_roots(), "workdir": str(staging)})
+        return plan
+
+    def _start(self, staging: Path, result_fd: int) -> subprocess.Popen:
+        if self.backend.isolated:
+            cmd = sandbox.command(self.backend, staging, self.limits)
+            env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
+            cwd = "/"
+        else:
+            (staging / "work").mkdir()
+            cmd = [sys.executable, "-I", "-S", str(staging / "runner.py")]
+            env = {**sandbox.sandbox_env(), "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                   "HOME": str(staging / "work"), "TMPDIR": str(staging / "work"),
+                   "MPLCONFIGDIR": str(staging / "work")}
+            cwd = str(staging / "work")
+        return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, pass_fds=(result_fd,), cwd=cwd, env=env,
+                                start_new_session=True)
+
+    def run_once(self, deadline: float) -> tuple[str, tuple | None, str]:
+        """One sandbox run until it ends or is killed.
+
+        Returns ``(outcome, activity, detail)``: outcome ``done``, ``died``, ``killed``
+        (an activity overran its limit), ``total`` (the total limit), ``silent`` (no
+        event for too long) or ``overflow``; ``activity`` is what was running then.
+        """
+        self.runs += 1
+        staging = Path(tempfile.mkdtemp(prefix="klbook-grade-"))
+        proc = None
+        read_fd = write_fd = -1
         try:
-            proc.stdin.write(json.dumps(plan).encode())
-            proc.stdin.close()
+            sandbox.make_staging(staging, self.library_files)
+            read_fd, write_fd = os.pipe()
+            plan = json.dumps(self._plan(write_fd, staging)).encode()
+            proc = self._start(staging, write_fd)
+            os.close(write_fd)
+            write_fd = -1
+            feeder = threading.Thread(target=_feed, args=(proc.stdin, plan), daemon=True)
+            feeder.start()
+            outcome = self._follow(proc, read_fd, deadline)
+            feeder.join(timeout=5)
+            return outcome
+        finally:
+            if proc is not None:
+                _kill(proc, stragglers=not self.backend.isolated)
+            for fd in (read_fd, write_fd):
+                if fd >= 0:
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
+            sandbox.remove_tree(staging)
+
+    def _follow(self, proc: subprocess.Popen, read_fd: int, deadline: float) -> tuple:
+        reader = protocol.Reader(len(self.cells), self.questions)
+        sel = selectors.DefaultSelector()
+        tails: dict[int, bytearray] = {}
+        for f in (read_fd, proc.stdout.fileno(), proc.stderr.fileno()):
+            os.set_blocking(f, False)
+            sel.register(f, selectors.EVENT_READ)
+            tails[f] = bytearray()
+        now = time.monotonic()
+        state = {"activity": ("startup",), "until": now + STARTUP_SECONDS, "partial": None,
+                 "done": False, "events": 0}
+        result_open, exited_at = True, None
+        outcome = None
+        try:
+            while outcome is None:
+                now = time.monotonic()
+                if now >= deadline:
+                    outcome = ("total", state["activity"], "")
+                    break
+                if now >= state["until"]:
+                    kind = state["activity"][0]
+                    outcome = ("killed" if kind in ("cell", "call") else "silent",
+                               state["activity"], "")
+                    break
+                if not result_open:
+                    # nobody can write any more: the runner has ended or is about to
+                    try:
+                        proc.wait(timeout=max(0.0, min(deadline - now, 5.0)))
+                    except subprocess.TimeoutExpired:   # it closed the pipe and went on
+                        kind = state["activity"][0]
+                        outcome = ("killed" if kind in ("cell", "call") else "silent",
+                                   state["activity"], "it closed the grader's pipe and went on")
+                    break
+                if proc.poll() is not None:
+                    exited_at = exited_at or now
+                    # everything the process wrote is in the pipe; leftovers of the unsafe
+                    # mode may hold it open, so do not wait for them
+                    if not result_open or now - exited_at > 1.0:
+                        break
+                if reader.overflow:
+                    outcome = ("overflow", state["activity"], "")
+                    break
+                wait = max(0.0, min(deadline, state["until"]) - now)
+                for key, _ in sel.select(timeout=min(wait, 0.25)):
+                    fd = key.fd
+                    try:
+                        data = os.read(fd, 1 << 20)
+                    except BlockingIOError:
+                        continue
+                    except OSError:
+                        data = b""
+                    if not data:
+                        sel.unregister(fd)
+                        if fd == read_fd:
+                            result_open = False
+                        continue
+                    if fd == read_fd:
+                        for ev in reader.feed(data):
+                            self._event(ev, state)
+                    else:
+                        tails[fd] += data
+                        del tails[fd][:-PIPE_TAIL]
+        finally:
+            sel.close()
+        self.rejected += reader.rejected
+        if outcome is not None:
+            _kill(proc)
+            self._abandon(state, outcome)
+            return outcome
+        status = proc.wait()
+        if state["done"] and status == 0:
+            return ("done", None, "")
+        err = bytes(tails[proc.stderr.fileno()]).decode("utf-8", "replace").strip().splitlines()
+        if state["events"] == 0 and not state["done"]:
+            # nothing ran: the sandbox itself failed, which is the machine's problem, not the student's
+            raise GraderError("the sandbox did not start (exit status "
+                              f"{status}): {clean(err[-1] if err else 'no message', 300)}")
+        outcome = ("died", state["activity"], f"exit status {_status(status)}")
+        self._abandon(state, outcome)
+        return outcome
+
+    @staticmethod
+    def _legal(ev: dict, state: dict) -> bool:
+        """Is ``ev`` a step the runner can take from where it is? Student code, which can
+        write into the pipe while its cell or call runs, cannot forge the runner's steps."""
+        kind, act = ev["ev"], state["activity"]
+        if kind == "note":
+            return True
+        if act[0] in ("startup", "idle"):
+            return (kind == "cell" and ev["t"] == "start") or (
+                kind == "q" and ev["t"] == "start") or kind == "done"
+        if act[0] == "cell":
+            return kind == "cell" and ev["t"] == "end" and ev["i"] == act[1]
+        if act[0] == "q":
+            return ev.get("q") == act[1] and (kind in ("call", "missing") or (
+                kind == "q" and ev["t"] == "end"))
+        if act[0] == "call":
+            return ev.get("q") == act[1] and (
+                (kind == "case" and ev["j"] == act[2]) or kind == "value")
+        return False
+
+    def _event(self, ev: dict, state: dict) -> None:
+        if not self._legal(ev, state):
+            self.rejected += 1
+            return
+        now = time.monotonic()
+        state["events"] += 1
+        kind = ev["ev"]
+        if kind == "cell":
+            if ev["t"] == "start":
+                state["activity"] = ("cell", ev["i"])
+                state["until"] = now + self.cell_timeout + _grace(self.cell_timeout)
+            else:
+                if ev["ok"]:
+                    self.cell_errors.pop(ev["i"], None)
+                else:
+                    self.cell_errors[ev["i"]] = clean(ev.get("error", "failed"))
+                state["activity"] = ("idle",)
+                state["until"] = now + IDLE_SECONDS
+        elif kind == "q":
+            q = self.qmap[ev["q"]]
+            if ev["t"] == "start":
+                state["partial"] = {"q": q["id"], "cases": {}, "value": None, "missing": None, "t0": now}
+                state["activity"] = ("q", q["id"])
+            elif state["partial"] is not None and state["partial"]["q"] == q["id"]:
+                self._commit(state["partial"], now)
+                state["partial"] = None
+                state["activity"] = ("idle",)
+            state["until"] = now + IDLE_SECONDS
+        elif kind == "call":
+            p = state["partial"]
+            if p is not None and p["q"] == ev["q"]:
+                seconds = float(self.qmap[ev["q"]]["timeout"])
+                state["activity"] = ("call", ev["q"], ev["j"])
+                state["until"] = now + seconds + _grace(seconds)
+        elif kind in ("case", "value", "missing"):
+            p = state["partial"]
+            if p is not None and p["q"] == ev["q"]:
+                if kind == "case":
+                    p["cases"][ev["j"]] = ev["r"]
+                elif kind == "value":
+                    p["value"] = ev["r"]
+                else:
+                    p["missing"] = clean(ev["why"])
+                state["activity"] = ("q", ev["q"])
+                state["until"] = now + IDLE_SECONDS
+        elif kind == "note":
+            text = clean(ev["text"])
+            if text and text not in self.student_notes and len(self.student_notes) < 20:
+                self.student_notes.append(text)
+        elif kind == "done":
+            state["done"] = True
+            state["activity"] = ("idle",)
+            state["until"] = now + IDLE_SECONDS
+
+    def _commit(self, p: dict, now: float, stop: str | None = None, at: int | None = None,
+                rest: str = "") -> None:
+        """Make a question's (possibly interrupted) evaluation its answer: ``stop`` is the
+        message of the call ``at`` that was interrupted, ``rest`` that of the calls after it."""
+        q = self.qmap[p["q"]]
+        if p["missing"] is not None:
+            answer = {"missing": p["missing"]}
+        elif q["kind"] == "function":
+            cases = []
+            for j in range(len(q["cases"])):
+                if j in p["cases"]:
+                    cases.append(p["cases"][j])
+                elif stop is not None and j == at:
+                    cases.append({"error": stop})
+                elif stop is not None:
+                    cases.append({"error": rest or stop})
+                else:
+                    cases.append({"error": "no result was reported"})
+            answer = {"cases": cases}
+        elif p["value"] is not None:
+            answer = p["value"]
+        else:
+            answer = {"error": stop or "no answer was reported"}
+        self.answers[q["id"]] = answer
+        self.seconds[q["id"]] = round(now - p["t0"], 3)
+
+    def _abandon(self, state: dict, outcome: tuple) -> None:
+        """After a kill or a crash: record what was interrupted, decide what to skip."""
+        what, activity, detail = outcome
+        kind = activity[0] if activity else "idle"
+        p = state["partial"]
+        if kind in ("call", "q") and p is not None:
+            q = self.qmap[p["q"]]
+            seconds = float(q["timeout"])
+            if what == "killed":
+                stop = (f"stopped from outside ({detail})" if detail else
+                        f"did not return within {seconds:g} s (stopped from outside)")
+                rest = "skipped after an earlier call timed out"
+            elif what == "died":
+                stop = (f"the notebook's process ended during this call ({detail}: os._exit, "
+                        "a crash or running out of memory?)")
+                rest = "skipped after an earlier call ended the notebook's process"
+            elif what == "total":
+                stop = rest = "not run: the notebook ran out of time"
+            else:
+                stop = rest = f"the notebook's process stopped responding ({what})"
+            self._commit(p, time.monotonic(), stop=stop, rest=rest,
+                         at=activity[2] if kind == "call" else None)
+            if what in ("killed", "died", "silent"):
+                self.skip_questions.add(q["id"])
+        elif kind == "cell" and what in ("killed", "died"):
+            i = activity[1]
+            if what == "killed":
+                why = (f"stopped from outside ({detail})" if detail else
+                       f"stopped from outside after {self.cell_timeout + _grace(self.cell_timeout):g} s "
+                       "(it did not respond to the time limit)")
+            else:
+                why = (f"the notebook's process ended while it ran ({detail}: os._exit, a crash, "
+                       "a signal or running out of memory?)")
+            self.skip_cells[i] = why
+            self.cell_errors[i] = why + "; the notebook was run again without it"
+
+    # -- the whole grading
+    def run(self) -> None:
+        start = time.monotonic()
+        deadline = start + self.total
+        while True:
+            if time.monotonic() >= deadline:
+                outcome = ("total", None, "")
+            else:
+                outcome = self.run_once(deadline)
+            what, activity, _ = outcome
+            if what == "done":
+                return
+            self.stopped_early = True
+            if what == "total":
+                self.notes.append(f"the notebook did not finish within the total time limit of "
+                                  f"{self.total:g} s; the answers it had given by then were graded")
+                return
+            if what == "overflow":
+                self.notes.append("the notebook's process sent more data than allowed; it was stopped")
+                return
+            restartable = activity is not None and activity[0] in ("cell", "call", "q") and (
+                what in ("killed", "died") or (what == "silent" and activity[0] == "q"))
+            if not restartable:
+                self.notes.append(f"the notebook's process {_describe(outcome)}; the answers it "
+                                  "had given by then were graded")
+                return
+            if self.runs >= MAX_RUNS:
+                self.notes.append(f"the notebook was stopped {self.runs} times (cells or calls that "
+                                  "hang or crash); the answers given by then were graded")
+                return
+
+
+def _describe(outcome: tuple) -> str:
+    what, activity, detail = outcome
+    if what == "died":
+        return f"ended unexpectedly ({detail})"
+    if what == "silent":
+        return "stopped responding and was killed"
+    return what
+
+
+def _status(status: int) -> str:
+    if status < 0:
+        try:
+            return f"{-status} ({signal.Signals(-status).name})"
+        except ValueError:
+            return str(-status)
+    if status > 128:
+        try:
+            return f"{status} ({signal.Signals(status - 128).name}?)"
+        except ValueError:
+            pass
+    return str(status)
+
+
+def _feed(stream, data: bytes) -> None:
+    try:
+        stream.write(data)
+    except (OSError, ValueError):
+        pass
+    finally:
+        try:
+            stream.close()
+        except (OSError, ValueError):
+            pass
+
+
+def _kill(proc: subprocess.Popen, stragglers: bool = False) -> None:
+    """End the sandbox: its bwrap process (whose death ends every process in the sandbox's
+    PID namespace) and its process group; with ``stragglers`` (the unsafe mode, where there
+    is no PID namespace) also what is left of the group after the process has ended."""
+    if proc.returncode is None:
+        for how in (lambda: os.killpg(proc.pid, signal.SIGKILL), proc.kill):
+            try:
+                how()
+            except OSError:
+                pass
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+    elif stragglers:
+        try:      # a group id stays reserved while the group has members: no reuse risk
+            os.killpg(proc.pid, signal.SIGKILL)
         except OSError:
             pass
+    for f in (proc.stdin, proc.stdout, proc.stderr):
         try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            reason = f"the notebook did not finish within the total time limit of {timeout:g} s"
-        finally:
-            try:  # the whole process group: the runner and anything it left behind
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            proc.wait()
-        for t in threads:
-            t.join(timeout=5)
-        raw = b"".join(result_chunks)
-        if not raw:
-            if not reason:
-                tail = b"".join(junk).decode("utf-8", "replace").strip().splitlines()[-1:]
-                reason = (f"the notebook's process ended before reporting (exit status "
-                          f"{proc.returncode}; os._exit, a crash or running out of memory?)"
-                          + (f": {tail[0][:200]}" if tail else ""))
-            return None, reason
-        try:
-            report = json.loads(raw.decode("utf-8"))
-            if not isinstance(report, dict) or not isinstance(report.get("answers"), dict):
-                raise ValueError("not a report")
-        except (ValueError, UnicodeDecodeError):
-            return None, "the notebook's process sent back an unreadable report"
-        return report, reason
+            if f is not None:
+                f.close()
+        except OSError:
+            pass
 
 
+# ---------------------------------------------------------------- scoring
 def _fmt(x: float) -> str:
     return f"{x:.2f}".rstrip("0").rstrip(".")
 
 
-def _score_question(q, expected, answer) -> dict:
+def _score_question(q, expected, answer, unanswered: str) -> dict:
     """Points and messages for one question, comparing here, in the grader's process."""
     out = {"id": q.id, "title": q.title, "kind": q.kind, "max_points": q.points, "points": 0.0,
            "messages": []}
     if not isinstance(answer, dict):
-        answer = {"missing": "no answer was reported"}
+        out["messages"].append(unanswered)
+        return out
     if "missing" in answer:
-        out["messages"].append(str(answer["missing"])[:300])
+        out["messages"].append(clean(answer["missing"]))
         return out
     if q.kind == "function":
         results = answer.get("cases")
@@ -223,86 +563,137 @@ def _score_question(q, expected, answer) -> dict:
             label = f"{'public' if case.public else 'hidden'} case {i + 1}"
             if case.public and case.why:
                 label += f" ({case.why})"
-            if not isinstance(res, dict) or "value" not in res:
-                err = res.get("error", "no result") if isinstance(res, dict) else "no result"
-                out["messages"].append(f"{label}: {str(err)[:300]}")
+            elif getattr(case, "probe", ""):       # what a hidden case tests, not its answer
+                label += f" (probes: {case.probe})"
+            if "value" not in res:
+                out["messages"].append(f"{label}: {clean(res.get('error', 'no result'))}")
                 continue
-            ok, why = compare.compare_numeric(exp, res["value"], q.rtol, q.atol, reveal=case.public)
-            if ok:
-                passed += 1
+            judge = getattr(q, "judge_case", None)  # outcome-graded cases (hidden/bank.py)
+            if judge is not None:
+                credit, why = judge(case, exp, res["value"])
             else:
-                out["messages"].append(f"{label}: {why}")
-        out["points"] = q.points * passed / len(expected)
-        out["messages"].insert(0, f"{passed}/{len(expected)} test cases passed")
-    elif q.kind == "value":
-        ok, why = compare.compare_numeric(expected, answer.get("value"), q.rtol, q.atol, reveal=False)
-        out["points"] = float(q.points) if ok else 0.0
-        out["messages"].append("correct" if ok else why)
+                ok, why = compare.compare_numeric(exp, res["value"], q.rtol, q.atol, reveal=case.public)
+                credit = 1.0 if ok else 0.0
+            passed += credit
+            if credit < 1 or getattr(case, "judge", None) is not None:
+                out["messages"].append(f"{label}: {clean(why, 500)}")
+        full = getattr(q, "full_marks_at", None) or len(expected)   # e.g. 3 of 4 training seeds
+        out["points"] = q.points * min(1.0, passed / full)
+        out["messages"].insert(0, f"{_fmt(passed)}/{len(expected)} test cases passed"
+                               + (f" (full marks at {full})" if full < len(expected) else ""))
+        return out
+    if "value" not in answer:
+        out["messages"].append(clean(answer.get("error", "no answer was reported")))
+        return out
+    if q.kind == "value":
+        ok, why = compare.compare_numeric(expected, answer["value"], q.rtol, q.atol, reveal=False)
     else:
-        ok, why = compare.compare_choice(expected, answer.get("value"), q.options)
-        out["points"] = float(q.points) if ok else 0.0
-        out["messages"].append("correct" if ok else why)
+        ok, why = compare.compare_choice(expected, answer["value"], q.options)
+    out["points"] = float(q.points) if ok else 0.0
+    out["messages"].append("correct" if ok else clean(why, 500))
     return out
 
 
-def grade(notebook: str | os.PathLike, exercise: str | None = None, timeout: float = 60.0,
-          cell_timeout: float = 20.0, call_timeout: float = 5.0) -> dict:
-    """Grade one submitted notebook. Raises :class:`GraderError` only if grading is impossible."""
+def _positive(name: str, value) -> float:
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise GraderError(f"{name}: time limits must be numbers, got {value!r}") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise GraderError(f"{name}: time limits must be positive and finite, got {value!r}")
+    return value
+
+
+def grade(notebook: str | os.PathLike, exercise: str | None = None, timeout: float | None = None,
+          cell_timeout: float = DEFAULT_CELL_TIMEOUT, call_timeout: float = DEFAULT_CALL_TIMEOUT,
+          *, unsafe_no_isolation: bool = False, limits: Limits | None = None) -> dict:
+    """Grade one submitted notebook. Raises :class:`GraderError` only if grading is impossible.
+
+    ``timeout`` is the total for the notebook (all its cells and calls); by default 60 s
+    plus the calls of questions that declare their own ``timeout`` (long training runs).
+    ``limits`` overrides the sandbox's resource limits (:class:`sandbox.Limits`).
+    Without OS isolation :class:`IsolationUnavailable` is raised, unless
+    ``unsafe_no_isolation`` is set.
+    """
     from klbook_lib.grading.hidden import bank
 
     path = Path(notebook)
     if not path.is_file():
-        raise GraderError(f"notebook: no such file {path}")
-    if timeout <= 0 or cell_timeout <= 0 or call_timeout <= 0:
-        raise GraderError("timeout: time limits must be positive")
+        raise GraderError(f"notebook: no such file {clean(str(path), 200)}")
+    cell_timeout = _positive("cell_timeout", cell_timeout)
+    call_timeout = _positive("call_timeout", call_timeout)
+    if timeout is not None:
+        timeout = _positive("timeout", timeout)
+    backend = isolation(unsafe_no_isolation)
     start = time.monotonic()
     notes: list[str] = []
     nb: Any = None
     cells: list[str] | None = None
+    raw = b""
     try:
-        nb = json.loads(path.read_bytes().decode("utf-8"))
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_NOTEBOOK_BYTES + 1)
+        if len(raw) > MAX_NOTEBOOK_BYTES:
+            raise ValueError(f"larger than {MAX_NOTEBOOK_BYTES >> 20} MB")
+        nb = json.loads(raw.decode("utf-8"))
         cells = _read_cells(nb)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-        notes.append(f"the notebook could not be read ({str(exc)[:200]}); nothing was run")
-    name = find_exercise(path, nb, exercise)
+        notes.append(f"the notebook could not be read ({clean(str(exc), 200)}); nothing was run")
+    name, meta_notes = find_exercise(path, nb, exercise)
+    notes += meta_notes
     questions = bank.questions(name)
-    expected = [q.expected() for q in questions]
-    report, reason = None, ""
+    expected = [q.expected() for q in questions]          # here, never in the sandbox
+    if timeout is None:
+        timeout = DEFAULT_TIMEOUT + sum(q.timeout * len(q.cases or (0,)) for q in questions
+                                        if q.timeout is not None)
+    memory = max([q.memory_mb << 20 for q in questions if q.memory_mb] + [0])
+    limits = (limits or Limits()).merged(memory_bytes=max(memory, (limits or Limits()).memory_bytes))
+    session = None
     if cells is not None:
         if not any(c.strip() for c in cells):
             notes.append("the notebook has no code")
         plan_questions = [{"id": q.id, "kind": q.kind, "name": q.name,
+                           "timeout": float(q.timeout or call_timeout),
                            "cases": [{"args": c.encoded_args()} for c in q.cases]}
                           for q in questions]
-        report, reason = run_student(cells, plan_questions, path, timeout, cell_timeout, call_timeout)
-    if reason:
-        notes.append(reason)
-    answers: dict = {}
-    if report is not None:
-        answers = report["answers"]
-        for cell in report.get("cells", [])[:200]:
-            if isinstance(cell, dict) and cell.get("status") == "error":
-                notes.append(f"code cell {int(cell.get('index', -1)) + 1} failed: "
-                             f"{str(cell.get('error'))[:300]}")
-        student_notes = [str(n)[:300] for n in report.get("notes", [])[:200]]
-        notes.extend(list(dict.fromkeys(student_notes))[:20])   # unique, in order
-        if report.get("output_truncated"):
-            notes.append("the notebook printed more than "
-                         f"{MAX_OUTPUT_CHARS:,} characters; the rest was discarded")
-    scored = [_score_question(q, e, answers.get(q.id)) for q, e in zip(questions, expected)]
+        nb_name = re.sub(r"[^A-Za-z0-9._-]", "_", path.name)[:100] or "submission.ipynb"
+        library = [m for q in questions for m in q.library]
+        session = _Session(backend, cells, plan_questions, nb_name, raw.decode("utf-8"),
+                           timeout, cell_timeout, limits, tuple(library))
+        session.run()
+        for i in sorted(session.cell_errors):
+            notes.append(f"code cell {i + 1} failed: {session.cell_errors[i]}")
+        notes.extend(session.notes)
+        notes.extend(session.student_notes)
+        if session.rejected:
+            notes.append(f"the notebook's process sent {session.rejected} malformed message(s); "
+                         "they were ignored")
+    unanswered = ("not graded: the notebook was stopped before this answer was read"
+                  if session is not None and session.stopped_early else "no answer was reported")
+    answers = session.answers if session is not None else {}
+    scored = [_score_question(q, e, answers.get(q.id), unanswered) for q, e in zip(questions, expected)]
+    for s in scored:
+        if session is not None and s["id"] in session.seconds:
+            s["seconds"] = session.seconds[s["id"]]
     total = sum(s["points"] for s in scored)
     return {"notebook": str(path), "exercise": name, "score": round(total, 4),
             "max_score": float(sum(q.points for q in questions)), "questions": scored,
-            "notes": notes, "seconds": round(time.monotonic() - start, 2)}
+            "notes": [clean(n, 400) for n in notes], "isolation": backend.describe(),
+            "runs": session.runs if session is not None else 0,
+            "seconds": round(time.monotonic() - start, 2)}
 
 
 def format_report(result: dict) -> str:
-    lines = [f"Exercise: {result['exercise']}"]
+    """The text the CLI prints: one line per item, ``Score: X/Y`` last; nothing unclean."""
+    lines = [f"Exercise: {clean(result['exercise'], 80)}"]
+    if result.get("isolation", "").startswith("none"):
+        lines.append("  WARNING: graded without isolation (--unsafe-no-isolation)")
     for note in result["notes"]:
-        lines.append("  note: " + " ".join(str(note).split()))
+        lines.append("  note: " + clean(note, 400))
     for q in result["questions"]:
-        lines.append(f"{q['id']} {q['title']}: {_fmt(q['points'])}/{_fmt(q['max_points'])}")
+        lines.append(f"{clean(q['id'], 20)} {clean(q['title'], 120)}: "
+                     f"{_fmt(q['points'])}/{_fmt(q['max_points'])}")
         for m in q["messages"]:
-            lines.append("    " + " ".join(str(m).split()))
+            lines.append("    " + clean(m, 500))
     lines.append(f"Score: {_fmt(result['score'])}/{_fmt(result['max_score'])}")
     return "\n".join(lines)

@@ -6,8 +6,10 @@
     reward_model  a Bradley-Terry reward model
     rewards       per-token KL rewards and the exact token KL
     ppo           the PPO-RLHF loop (``run_rlhf``)
+    grpo          GRPO: group-relative advantages, the k3 loss term, verifiable rewards (``run_grpo``)
     pipeline      ``build_pipeline``: everything above, cached on disk
     demo          command-line demo for bigger presets on a GPU
+    distributed   data-parallel PPO-RLHF over torchrun processes (``torch.distributed``)
 
 Submodules load on first use: ``from klbook_lib.rlhf import build_pipeline`` or
 ``kb.rlhf.pipeline.build_pipeline``.
@@ -16,7 +18,8 @@ from __future__ import annotations
 
 import importlib
 
-_SUBMODULES = ("data", "tokenizer", "models", "reward_model", "rewards", "ppo", "pipeline", "demo")
+_SUBMODULES = ("data", "tokenizer", "models", "reward_model", "rewards", "ppo", "pipeline", "demo", "grpo",
+               "distributed")
 _NAMES = {
     "build_pipeline": "pipeline", "RLHFPipeline": "pipeline",
     "run_rlhf": "ppo", "train_ppo": "ppo", "PPOConfig": "ppo", "evaluate_policy": "ppo",

@@ -12,10 +12,17 @@ gpt2      12      768    12     1024       a GPU; GPT-2 small's shape
 ========  ======  =====  =====  =========  ===========================
 
 ``load_policy`` loads real weights from a local directory or the local Hugging Face
-cache only (``local_files_only=True``). :class:`ScalarHeadModel` is a GPT-2 backbone
-with a scalar head, used for the reward model (one number per sequence) and the PPO
-value function (one number per token). :func:`train_sft` fine-tunes a policy on texts
-by maximum likelihood; the result is the reference policy ``pi_ref``.
+cache only (``local_files_only=True``), with dropout switched off.
+:class:`ScalarHeadModel` is a GPT-2 backbone with a scalar head, used for the reward
+model (one number per sequence) and the PPO value function (one number per token).
+:func:`train_sft` fine-tunes a policy on texts by maximum likelihood; the result is the
+reference policy ``pi_ref``.
+
+Dropout is off on every model this library trains or scores (:func:`disable_dropout`):
+GPT-2's checkpoints ship with dropout 0.1, and a policy whose log-probabilities are
+computed once in eval mode (``log pi_old``) and again in train mode (``log pi_theta``)
+would have a PPO ratio different from 1 at identical weights. TRL switches dropout off
+for the same reason.
 """
 from __future__ import annotations
 
@@ -74,20 +81,65 @@ def make_policy(tokenizer, preset: str = "tiny", seed: int = 0):
     return model.eval()
 
 
-def load_policy(name_or_path: str | os.PathLike, device: str | torch.device = "cpu"):
+_DROPOUT_FIELDS = ("resid_pdrop", "embd_pdrop", "attn_pdrop")   # what GPT2Model reads
+
+
+def disable_dropout(model):
+    """Switch off every dropout of ``model`` in place (modules and GPT-2 config); return it.
+
+    Sets ``p = 0`` on every dropout module (GPT-2's attention passes ``attn_dropout.p`` to
+    its attention kernel, so this covers it too) and zeroes the config's ``resid_pdrop``,
+    ``embd_pdrop`` and ``attn_pdrop``, so that a checkpoint saved later has no dropout
+    either. Then train mode and eval mode compute the same function, and ``log pi_theta``
+    equals ``log pi_old`` at identical weights. Objects that are not ``nn.Module`` (e.g. a
+    stand-in reward function) are returned unchanged.
+    """
+    if not isinstance(model, nn.Module):
+        return model
+    for module in model.modules():
+        if isinstance(module, nn.modules.dropout._DropoutNd):
+            module.p = 0.0
+        if getattr(module, "config", None) is not None:
+            disable_dropout_config(module.config)
+    return model
+
+
+def disable_dropout_config(config):
+    """Zero a GPT-2 config's dropout probabilities in place; return it."""
+    for name in _DROPOUT_FIELDS:
+        if getattr(config, name, None):
+            setattr(config, name, 0.0)
+    return config
+
+
+def has_dropout(model) -> bool:
+    """True when some dropout module of ``model`` has a non-zero probability."""
+    return isinstance(model, nn.Module) and any(
+        isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules())
+
+
+def load_policy(name_or_path: str | os.PathLike, device: str | torch.device = "cpu",
+                dropout: bool = False):
     """Load a ``GPT2LMHeadModel`` from a local directory or the local Hugging Face cache.
 
     Never reaches the network (``local_files_only=True``); missing files raise a
-    ``ValueError`` that says where it looked. A model without a pad id gets its EOS id.
+    ``ValueError`` that says where it looked. A model without a pad id gets its EOS id
+    (GPT-2 has no pad token). Dropout is switched off (:func:`disable_dropout`) unless
+    ``dropout=True``.
     """
     from transformers import GPT2LMHeadModel
 
     from .tokenizer import from_local_files
 
     model = from_local_files(GPT2LMHeadModel, name_or_path, "GPT-2 weights")
+    if getattr(model.config, "model_type", "gpt2") != "gpt2":
+        raise ValueError(f"name_or_path: {str(name_or_path)!r} holds a {model.config.model_type!r} model, "
+                         f"not GPT-2")
     if model.config.pad_token_id is None:
         model.config.pad_token_id = model.config.eos_token_id
     model.generation_config.pad_token_id = model.config.pad_token_id
+    if not dropout:
+        disable_dropout(model)
     return model.to(device).eval()
 
 
@@ -114,11 +166,12 @@ class ScalarHeadModel(nn.Module):
         super().__init__()
         from transformers import GPT2Model
 
-        self.config = config
-        self.backbone = GPT2Model(config)
+        self.config = disable_dropout_config(copy.deepcopy(config))   # never shares the policy's config
+        self.backbone = GPT2Model(self.config)
         self.head = nn.Linear(config.n_embd, 1)
         nn.init.normal_(self.head.weight, std=1.0 / math.sqrt(config.n_embd + 1))
         nn.init.zeros_(self.head.bias)
+        disable_dropout(self)
 
     @classmethod
     def from_policy(cls, policy) -> "ScalarHeadModel":

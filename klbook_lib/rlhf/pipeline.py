@@ -7,6 +7,17 @@ entry is written to a temporary directory and moved into place with ``os.replace
 two notebooks building at the same time never see a half-written entry (the loser of
 the race discards its copy). The corpus and the preference pairs are regenerated from
 the seed (cheap and deterministic), never stored.
+
+``build_pipeline(init_from=DIR)`` starts from a local Hugging Face GPT-2 directory
+instead (weights and tokenizer, read offline): its tokenizer replaces the trained one,
+its weights replace the random initialisation, and SFT and the reward model are then
+trained on the review corpus as usual. GPT-2 has one special token, ``<|endoftext|>``,
+which serves as BOS, EOS and pad (padding is told apart by the attention mask). The
+cache key then also holds a digest of the directory's files.
+
+:func:`book_preset` maps the book's size setting (``KLBOOK_SIZE``, read through
+:mod:`klbook_lib.runtime`) to the preset that chapters 6 to 9 share: one reference model
+for all RLHF chapters.
 """
 from __future__ import annotations
 
@@ -24,9 +35,10 @@ from typing import Sequence
 import torch
 
 from . import data as _data
-from .models import PRESETS, ScalarHeadModel, encode_texts, frozen_copy, make_policy, sequence_nll, train_sft
+from .models import (PRESETS, ScalarHeadModel, disable_dropout, encode_texts, frozen_copy, load_policy,
+                     make_policy, sequence_nll, train_sft)
 from .reward_model import pairwise_accuracy, score_texts, train_reward_model
-from .tokenizer import train_tokenizer
+from .tokenizer import load_tokenizer, train_tokenizer
 
 # Sizes of each stage per preset (the bigger presets are meant for a GPU).
 SETTINGS: dict[str, dict] = {
@@ -39,6 +51,48 @@ SETTINGS: dict[str, dict] = {
 }
 
 _CODE_FILES = ("data.py", "tokenizer.py", "models.py", "reward_model.py", "pipeline.py")
+
+# The preset of the RLHF chapters at each book size (KLBOOK_SIZE): one for chapters 6-9.
+BOOK_PRESETS: dict[str, str] = {"ci": "tiny", "small": "tiny", "large": "small"}
+
+
+def book_preset(size: str | None = None) -> str:
+    """The pipeline preset the RLHF chapters use at book size ``size``.
+
+    ``size`` defaults to :func:`klbook_lib.runtime.book_size` (the ``KLBOOK_SIZE``
+    setting: "small" on a CPU, "large" on a GPU when unset). "ci" and "small" give
+    ``tiny``, "large" gives ``small``. Chapters 6 to 9 all call this, so they share one
+    reference model and one reward model.
+    """
+    if size is None:
+        from klbook_lib.runtime import book_size
+
+        size = book_size()
+    if size not in BOOK_PRESETS:
+        raise ValueError(f"size: must be one of {tuple(BOOK_PRESETS)}, got {size!r}")
+    return BOOK_PRESETS[size]
+
+
+def _model_files(d: Path) -> list[Path]:
+    """The files of a Hugging Face model directory that ``from_pretrained`` may read."""
+    def wanted(name: str) -> bool:
+        return (name.endswith((".json", ".safetensors")) or name in ("merges.txt", "vocab.txt")
+                or (name.startswith("pytorch_model") and name.endswith(".bin")))
+    return sorted(p for p in d.iterdir() if p.is_file() and wanted(p.name))
+
+
+def init_digest(directory: str | os.PathLike) -> str:
+    """A short hash of a model directory's config, weight and tokenizer files (names and contents)."""
+    d = Path(directory)
+    if not d.is_dir():
+        raise ValueError(f"init_from: directory {str(directory)!r} does not exist")
+    h = hashlib.sha256()
+    for f in _model_files(d):
+        h.update(f.name.encode() + b"\0")
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()[:12]
 
 
 def code_version() -> str:
@@ -76,6 +130,7 @@ class RLHFPipeline:
     history: dict = field(default_factory=dict)
     metrics: dict = field(default_factory=dict)
     cache_path: str | None = None
+    init_from: str | None = None     # the GPT-2 directory SFT started from (None: random init)
 
     @property
     def ref_model(self):
@@ -102,7 +157,8 @@ class RLHFPipeline:
 
     def summary(self) -> str:
         m = self.metrics
-        return (f"RLHF pipeline preset={self.preset} seed={self.seed}: vocab {len(self.tokenizer)}, "
+        start = f" init_from={self.init_from}" if self.init_from else ""
+        return (f"RLHF pipeline preset={self.preset}{start} seed={self.seed}: vocab {len(self.tokenizer)}, "
                 f"{m.get('n_params', 0) / 1e6:.2f}M params, SFT NLL/token {m.get('sft_heldout_nll_per_token', float('nan')):.3f}, "
                 f"RM held-out accuracy {m.get('rm_heldout_accuracy', float('nan')):.3f}")
 
@@ -111,15 +167,37 @@ def _texts(corpus) -> list[str]:
     return [r.text for r in corpus]
 
 
-def _build_into(directory: Path, preset: str, seed: int, device: str, progress: bool) -> None:
+def _load_init(init_from: str | os.PathLike):
+    """Tokenizer and policy (dropout off) from a local GPT-2 directory, checked to fit together."""
+    tok = load_tokenizer(init_from)          # GPT-2: <|endoftext|> is BOS, EOS and pad
+    policy = load_policy(init_from)          # offline, dropout off
+    if len(tok) > policy.config.vocab_size:
+        raise ValueError(f"init_from: the tokenizer has {len(tok)} tokens but the model's vocabulary only "
+                         f"{policy.config.vocab_size}")
+    for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        if getattr(tok, name) is None:
+            raise ValueError(f"init_from: the tokenizer has no {name.replace('_id', '')}")
+    # the model predicts the tokenizer's EOS and pads with the tokenizer's pad id
+    policy.config.bos_token_id, policy.config.eos_token_id = tok.bos_token_id, tok.eos_token_id
+    policy.config.pad_token_id = tok.pad_token_id
+    for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        setattr(policy.generation_config, name, getattr(policy.config, name))
+    return tok, policy
+
+
+def _build_into(directory: Path, preset: str, seed: int, device: str, progress: bool,
+                init_from: str | os.PathLike | None = None, digest: str | None = None) -> None:
     """Train tokenizer, SFT and reward model; write them and meta.json into ``directory``."""
     from transformers import PreTrainedTokenizerFast  # noqa: F401  (fail early if missing)
 
     s = SETTINGS[preset]
     t0 = time.time()
     corpus = _data.make_corpus(s["n_corpus"], seed=seed)
-    tok = train_tokenizer(_texts(corpus))
-    policy = make_policy(tok, preset, seed=seed)
+    if init_from is None:
+        tok = train_tokenizer(_texts(corpus))
+        policy = make_policy(tok, preset, seed=seed)
+    else:
+        tok, policy = _load_init(init_from)
     sft_hist = train_sft(policy, tok, _texts(corpus), steps=s["sft_steps"], batch_size=s["sft_batch"],
                          lr=s["sft_lr"], seed=seed, device=device, progress=progress)
     t_sft = time.time() - t0
@@ -149,21 +227,34 @@ def _build_into(directory: Path, preset: str, seed: int, device: str, progress: 
     rm.to("cpu").save(directory / "reward_model")
     meta = {"preset": preset, "seed": seed, "code_version": code_version(), "metrics": metrics,
             "history": {"sft": sft_hist, "reward_model": rm_hist}}
+    if init_from is not None:
+        meta["init_from"] = {"path": str(Path(init_from).resolve()), "digest": digest}
     (directory / "meta.json").write_text(json.dumps(meta))
 
 
-def build_pipeline(preset: str = "tiny", seed: int = 0, device: str | None = None,
+def build_pipeline(preset: str | None = None, seed: int = 0, device: str | None = None,
                    cache_dir: str | os.PathLike | None = None, progress: bool = True,
-                   rebuild: bool = False) -> RLHFPipeline:
+                   rebuild: bool = False, init_from: str | os.PathLike | None = None) -> RLHFPipeline:
     """Build (or load from the cache) the RLHF pipeline for ``preset`` and ``seed``.
 
     ``device`` defaults to CUDA when available. The first call for a key trains the
     tokenizer, the SFT model and the reward model (about a minute for ``tiny`` on one
     CPU thread); later calls load them in a second. ``rebuild=True`` retrains and
     replaces the cache entry.
+
+    ``init_from`` is a local Hugging Face GPT-2 directory (``config.json``, the weights,
+    the tokenizer files), read with ``local_files_only=True``: SFT starts from its weights
+    with its tokenizer (dropout off), and ``preset`` (default ``"gpt2"`` then, else
+    ``"tiny"``) only chooses the training sizes of :data:`SETTINGS`; the architecture is
+    the checkpoint's.
     """
+    if preset is None:
+        preset = "tiny" if init_from is None else "gpt2"
     if preset not in PRESETS:
         raise ValueError(f"preset: must be one of {tuple(PRESETS)}, got {preset!r}")
+    if init_from is not None and not Path(init_from).is_dir():
+        raise ValueError(f"init_from: {str(init_from)!r} is not a directory (give the folder that holds "
+                         f"config.json, the weights and the tokenizer files)")
     if not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed: must be a non-negative integer, got {seed!r}")
     if device is None:
@@ -176,13 +267,15 @@ def build_pipeline(preset: str = "tiny", seed: int = 0, device: str | None = Non
     hf_logging.disable_progress_bar()   # "Loading weights" bars would clutter the book's pages
     root = cache_root(cache_dir)
     root.mkdir(parents=True, exist_ok=True)
-    final = root / f"rlhf-{preset}-seed{seed}-{code_version()}"
+    digest = None if init_from is None else init_digest(init_from)
+    init_tag = "" if digest is None else f"-init{digest}"
+    final = root / f"rlhf-{preset}{init_tag}-seed{seed}-{code_version()}"
     if rebuild and final.exists():
         shutil.rmtree(final, ignore_errors=True)
     if not (final / "meta.json").exists():
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=root))
         try:
-            _build_into(tmp, preset, seed, device, progress)
+            _build_into(tmp, preset, seed, device, progress, init_from, digest)
             try:
                 os.replace(tmp, final)
             except OSError:
@@ -194,8 +287,10 @@ def build_pipeline(preset: str = "tiny", seed: int = 0, device: str | None = Non
                 shutil.rmtree(tmp, ignore_errors=True)
     meta = json.loads((final / "meta.json").read_text())
     tok = PreTrainedTokenizerFast.from_pretrained(str(final / "tokenizer"))
+    if tok.pad_token is None:                # GPT-2's tokenizer: pad with <|endoftext|>
+        tok.pad_token = tok.eos_token
     sft = GPT2LMHeadModel.from_pretrained(str(final / "sft"), local_files_only=True).to(device)
-    sft = frozen_copy(sft)
+    sft = frozen_copy(disable_dropout(sft))
     rm = ScalarHeadModel.load(final / "reward_model", device=device)
     for p in rm.parameters():
         p.requires_grad_(False)
@@ -205,4 +300,5 @@ def build_pipeline(preset: str = "tiny", seed: int = 0, device: str | None = Non
     return RLHFPipeline(preset=preset, seed=seed, device=str(device), tokenizer=tok, corpus=corpus,
                         prompts=_data.all_prompts(), train_pairs=train_pairs, heldout_pairs=held_pairs,
                         sft_model=sft, reward_model=rm, history=meta["history"], metrics=meta["metrics"],
-                        cache_path=str(final))
+                        cache_path=str(final),
+                        init_from=None if init_from is None else str(Path(init_from).resolve()))

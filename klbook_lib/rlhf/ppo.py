@@ -18,6 +18,11 @@ One iteration of :func:`train_ppo`:
 Every iteration logs the reward-model score, the exact KL ``KL(pi_theta || pi_ref)`` summed
 over the vocabulary at every sampled prefix, the k1/k3 estimates (per token and per
 sequence), ``beta``, the policy entropy, the response length and the hidden true reward.
+
+Dropout is switched off on every model :func:`train_ppo` trains or scores. Several
+processes (``torchrun``) train data-parallel when ``dist=`` gets a
+:class:`klbook_lib.rlhf.distributed.DataParallel`: see that module; without it (the
+default) nothing changes.
 """
 from __future__ import annotations
 
@@ -33,7 +38,7 @@ import torch
 from tqdm import tqdm
 
 from . import data as _data
-from .models import ScalarHeadModel, lm_logits
+from .models import ScalarHeadModel, disable_dropout, lm_logits
 
 
 def _rewards_module():
@@ -63,8 +68,18 @@ class PPOConfig:
     missing_eos_score: float | None = -2.0
     max_grad_norm: float = 1.0
     whiten_advantages: bool = True
+    # Pluggable pieces (e.g. an exercise's own; None: the library's). ``reward_fn(logprobs,
+    # ref_logprobs, scores, response_mask, beta)`` returns the [B, N] per-token rewards (it gets
+    # the scores already clipped to score_clip; kl_estimator is then not used);
+    # ``advantage_fn(rewards, values, response_mask, gamma, lam)`` returns ``(advantages,
+    # returns)``, both [B, N]. Exercise 7 plugs its functions in here (klbook_lib.tasks.micro_rlhf).
+    reward_fn: object = None
+    advantage_fn: object = None
 
     def check(self) -> "PPOConfig":
+        for name in ("reward_fn", "advantage_fn"):
+            if getattr(self, name) is not None and not callable(getattr(self, name)):
+                raise ValueError(f"{name}: must be callable or None, got {type(getattr(self, name)).__name__}")
         for name in ("batch_size", "max_new_tokens", "ppo_epochs", "minibatch_size"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
@@ -111,11 +126,14 @@ def encode_prompts(tokenizer, prompts: Sequence[str], device: str | torch.device
 
 @torch.no_grad()
 def sample_responses(policy, tokenizer, prompts: Sequence[str], max_new_tokens: int = 16,
-                     temperature: float = 1.0, generator: torch.Generator | None = None) -> Rollout:
+                     temperature: float = 1.0, generator: torch.Generator | None = None,
+                     dist=None) -> Rollout:
     """Sample one response per prompt from ``softmax(logits / temperature)``, token by token.
 
     No top-k or top-p truncation (``generate(do_sample=True)`` in transformers 5 silently
-    applies ``top_k=50``). Tokens after a row's EOS are pads with mask 0.
+    applies ``top_k=50``). Tokens after a row's EOS are pads with mask 0. With ``dist``
+    (:class:`~klbook_lib.rlhf.distributed.DataParallel`), ``prompts`` are this rank's block
+    of the global batch and the draws are that block's rows of the global batch's draws.
     """
     if not temperature > 0:
         raise ValueError(f"temperature: must be positive, got {temperature!r}")
@@ -130,12 +148,15 @@ def sample_responses(policy, tokenizer, prompts: Sequence[str], max_new_tokens: 
     for _ in range(max_new_tokens):
         logits = lm_logits(policy, ids, mask)[:, -1].float() / temperature
         probs = torch.softmax(logits, dim=-1)
-        tok = torch.multinomial(probs.cpu(), 1, generator=generator).squeeze(1).to(device)
+        if dist is None:
+            tok = torch.multinomial(probs.cpu(), 1, generator=generator).squeeze(1).to(device)
+        else:                   # this rank's rows of the global batch's draw
+            tok = dist.sample_rows(probs, generator).to(device)
         tok = torch.where(done, torch.full_like(tok, pad), tok)
         ids = torch.cat([ids, tok[:, None]], dim=1)
         mask = torch.cat([mask, (~done).long()[:, None]], dim=1)
         done = done | (tok == eos)
-        if bool(done.all()):
+        if (bool(done.all()) if dist is None else dist.all_true(done)):   # with dist: every rank's rows
             break
     response_ids = ids[:, P:]
     response_mask = mask[:, P:]
@@ -193,7 +214,11 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
     return adv, returns
 
 
-def _masked_mean(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+def _masked_mean(x: torch.Tensor, m: torch.Tensor, dist=None) -> torch.Tensor:
+    # with dist: this rank's share of the masked mean over all ranks, times the world size
+    # (DistributedDataParallel averages the gradients of these shares)
+    if dist is not None:
+        return dist.loss_mean(x, m)
     m = m.float()
     return (x * m).sum() / m.sum().clamp(min=1.0)
 
@@ -214,13 +239,21 @@ def _measure_from_logits(logits: torch.Tensor, ref_logits: torch.Tensor, reward_
     scores, raw = reward_scores(reward_model, rollout, missing_eos_score)
     true_r = torch.tensor([_data.true_reward(r) for r in rollout.responses])
     lengths = mask.float().sum(1)
+    exact_seq = R.sequence_sum(exact, mask).double()
+    k1_seq = R.sequence_sum(k1, mask).double()
+
+    def se(x: torch.Tensor) -> float:
+        # standard error of the batch mean (sample standard deviation / sqrt(n)); 0 for one sample
+        x = x.double()
+        return float(x.std() / math.sqrt(len(x))) if len(x) > 1 else 0.0
+
     stats = {
         "score": float(scores.mean()),
         "score_raw": float(raw.mean()),
         "true_reward": float(true_r.mean()),
-        "kl_exact_seq": float(R.sequence_sum(exact, mask).mean()),
+        "kl_exact_seq": float(exact_seq.mean()),
         "kl_exact_token": float(R.masked_mean(exact, mask)),
-        "k1_seq": float(R.sequence_sum(k1, mask).mean()),
+        "k1_seq": float(k1_seq.mean()),
         "k1_token": float(R.masked_mean(k1, mask)),
         "k3_seq": float(R.sequence_sum(k3, mask).mean()),
         "k3_token": float(R.masked_mean(k3, mask)),
@@ -230,6 +263,11 @@ def _measure_from_logits(logits: torch.Tensor, ref_logits: torch.Tensor, reward_
         "response_length": float(lengths.mean()),
         "eos_fraction": float(rollout.has_eos.float().mean()),
         "distinct_fraction": len(set(rollout.responses)) / len(rollout.responses),
+        "score_se": se(scores),
+        "true_reward_se": se(true_r),
+        "kl_exact_seq_se": se(exact_seq),
+        "k1_seq_se": se(k1_seq),
+        "score_abs_max": float(scores.abs().max()),
     }
     return stats, lp, ref_lp, scores
 
@@ -243,7 +281,10 @@ def measure(policy, ref_model, reward_model, tokenizer, rollout: Rollout, temper
     vocabulary at every position, ``k1_*`` and ``k3_*`` use only the sampled tokens;
     ``*_seq`` are sums over a response's tokens averaged over the batch, ``*_token`` means
     over all response tokens. ``ref_nll_token`` is the mean ``-log pi_ref`` of the sampled
-    tokens; ``distinct_fraction`` the fraction of distinct response texts.
+    tokens; ``distinct_fraction`` the fraction of distinct response texts. ``score_se``,
+    ``true_reward_se``, ``kl_exact_seq_se`` and ``k1_seq_se`` are standard errors of the
+    batch means (sample standard deviation over responses / sqrt(n)); ``score_abs_max`` is
+    the largest ``|score|`` in the batch (compare with ``PPOConfig.score_clip``).
     """
     logits = response_logits(policy, rollout, temperature)
     ref_logits = response_logits(ref_model, rollout, temperature)
@@ -252,12 +293,19 @@ def measure(policy, ref_model, reward_model, tokenizer, rollout: Rollout, temper
 
 def ppo_step(policy, ref_model, reward_model, value_model, ro: Rollout, beta: float, cfg: PPOConfig,
              opt_pi: torch.optim.Optimizer, opt_v: torch.optim.Optimizer,
-             generator: torch.Generator | None = None) -> tuple[dict, dict]:
+             generator: torch.Generator | None = None, dist=None) -> tuple[dict, dict]:
     """One PPO-RLHF update on a sampled rollout ``ro``; returns ``(stats, diagnostics)``.
 
     ``stats`` (from :func:`measure`) describe the rollout before the update; the
     diagnostics average ``pg_loss``, ``vf_loss``, ``clipfrac`` and ``approx_kl_k3`` (the k3
-    estimate of ``KL(pi_old || pi_theta)`` on the batch) over the minibatches.
+    estimate of ``KL(pi_old || pi_theta)`` on the batch) over the minibatches, and give
+    ``score_clipped_fraction``, the fraction of the batch's scores that ``cfg.score_clip``
+    changed (the reward model's score enters the reward clipped to ``[-score_clip, score_clip]``).
+
+    The models must have dropout off (:func:`train_ppo` switches it off). With ``dist``, ``ro``
+    is this rank's block of the batch, ``policy`` and ``value_model`` are wrapped in
+    ``DistributedDataParallel``, ``cfg.minibatch_size`` is the global minibatch, and the
+    statistics, advantage whitening, losses and diagnostics are those of the global batch.
     """
     R = _rewards_module()
     mask = ro.response_mask
@@ -267,21 +315,34 @@ def ppo_step(policy, ref_model, reward_model, value_model, ro: Rollout, beta: fl
         stats, old_lp, ref_lp, scores = _measure_from_logits(
             response_logits(policy, ro, cfg.temperature), response_logits(ref_model, ro, cfg.temperature),
             reward_model, ro, cfg.missing_eos_score)
-        rewards = R.per_token_rewards(old_lp, ref_lp, scores, mask, cur_beta,
-                                      estimator=cfg.kl_estimator, score_clip=cfg.score_clip)
+        if dist is not None:    # the statistics of the global batch
+            stats = dist.reduce_stats(stats, ro.responses)
+        if cfg.reward_fn is None:
+            rewards = R.per_token_rewards(old_lp, ref_lp, scores, mask, cur_beta,
+                                          estimator=cfg.kl_estimator, score_clip=cfg.score_clip)
+        else:                   # a pluggable reward (PPOConfig.reward_fn), given clipped scores
+            clipped_scores = scores if cfg.score_clip is None else scores.clamp(-cfg.score_clip, cfg.score_clip)
+            rewards = cfg.reward_fn(old_lp, ref_lp, clipped_scores, mask, cur_beta)
+        clipped = (float((scores.abs() > cfg.score_clip).float().mean()) if cfg.score_clip is not None else 0.0)
+        if dist is not None:
+            clipped = dist.mean(clipped)
         P = ro.prompt_len
         old_values = value_model(ro.input_ids, ro.attention_mask)[:, P - 1:-1].float() * mask
-        adv, returns = gae(rewards, old_values, mask, cfg.gamma, cfg.lam)
+        adv, returns = (gae if cfg.advantage_fn is None else cfg.advantage_fn)(
+            rewards, old_values, mask, cfg.gamma, cfg.lam)
         if cfg.whiten_advantages:
-            mu = _masked_mean(adv, mask)
-            sd = _masked_mean((adv - mu) ** 2, mask).sqrt()
+            mean = _masked_mean if dist is None else dist.global_masked_mean
+            mu = mean(adv, mask)
+            sd = mean((adv - mu) ** 2, mask).sqrt()
             adv = (adv - mu) / (sd + 1e-8) * mask
     policy.train()
     diag = {"pg_loss": [], "vf_loss": [], "clipfrac": [], "approx_kl_k3": []}
     for _ in range(cfg.ppo_epochs):
-        perm = torch.randperm(B, generator=generator).tolist()
-        for s in range(0, B, cfg.minibatch_size):
-            mb = perm[s:s + cfg.minibatch_size]
+        perm = (torch.randperm(B, generator=generator).tolist() if dist is None
+                else dist.local_permutation(B, generator))
+        mb_size = cfg.minibatch_size if dist is None else cfg.minibatch_size // dist.world_size
+        for s in range(0, B, mb_size):
+            mb = perm[s:s + mb_size]
             sub = Rollout([ro.prompts[i] for i in mb], [ro.responses[i] for i in mb], ro.input_ids[mb],
                           ro.attention_mask[mb], P, ro.response_ids[mb], ro.response_mask[mb], ro.has_eos[mb])
             m = sub.response_mask
@@ -290,12 +351,12 @@ def ppo_step(policy, ref_model, reward_model, value_model, ro: Rollout, beta: fl
             ratio = log_ratio.exp()
             a = adv[mb]
             pg = torch.maximum(-a * ratio, -a * ratio.clamp(1 - cfg.clip_range, 1 + cfg.clip_range))
-            pg_loss = _masked_mean(pg, m)
+            pg_loss = _masked_mean(pg, m, dist)
             v = value_model(sub.input_ids, sub.attention_mask)[:, P - 1:-1].float()
             v_old = old_values[mb]
             v_clip = v_old + (v - v_old).clamp(-cfg.value_clip, cfg.value_clip)
             ret = returns[mb]
-            vf_loss = 0.5 * _masked_mean(torch.maximum((v - ret) ** 2, (v_clip - ret) ** 2), m)
+            vf_loss = 0.5 * _masked_mean(torch.maximum((v - ret) ** 2, (v_clip - ret) ** 2), m, dist)
             opt_pi.zero_grad(set_to_none=True)
             opt_v.zero_grad(set_to_none=True)
             (pg_loss + cfg.vf_coef * vf_loss).backward()
@@ -306,10 +367,14 @@ def ppo_step(policy, ref_model, reward_model, value_model, ro: Rollout, beta: fl
             with torch.no_grad():
                 diag["pg_loss"].append(float(pg_loss))
                 diag["vf_loss"].append(float(vf_loss))
-                diag["clipfrac"].append(float(_masked_mean(((ratio - 1).abs() > cfg.clip_range).float(), m)))
-                diag["approx_kl_k3"].append(float(_masked_mean((ratio - 1) - log_ratio, m)))
+                diag["clipfrac"].append(float(_masked_mean(((ratio - 1).abs() > cfg.clip_range).float(), m, dist)))
+                diag["approx_kl_k3"].append(float(_masked_mean((ratio - 1) - log_ratio, m, dist)))
     policy.eval()
-    return stats, {k: sum(v) / len(v) for k, v in diag.items()}
+    out = {k: sum(v) / len(v) for k, v in diag.items()}
+    if dist is not None:        # the shares of the ranks average to the global values
+        out = dist.mean_dict(out)
+    out["score_clipped_fraction"] = clipped
+    return stats, out
 
 
 def _controller_value(beta, controller) -> float:
@@ -319,7 +384,8 @@ def _controller_value(beta, controller) -> float:
 def train_ppo(policy, ref_model, reward_model: ScalarHeadModel, value_model: ScalarHeadModel, tokenizer,
               prompts: Sequence[str], iterations: int = 60, beta: float = 0.1, controller=None,
               config: PPOConfig | None = None, seed: int = 0, progress: bool = True,
-              checkpoint_dir: str | os.PathLike | None = None, checkpoint_every: int = 0) -> list[dict]:
+              checkpoint_dir: str | os.PathLike | None = None, checkpoint_every: int = 0,
+              dist=None) -> list[dict]:
     """Run ``iterations`` PPO-RLHF iterations in place on ``policy`` and ``value_model``.
 
     ``beta`` is a fixed KL coefficient; a ``controller`` (e.g.
@@ -330,8 +396,18 @@ def train_ppo(policy, ref_model, reward_model: ScalarHeadModel, value_model: Sca
     (``pg_loss``, ``vf_loss``, ``clipfrac``, ``approx_kl_k3`` between old and new policy).
     Checkpoints (``save_pretrained``) go to ``checkpoint_dir/iter_XXXX`` every
     ``checkpoint_every`` iterations when both are given.
+
+    Dropout is switched off on ``policy``, ``value_model``, ``ref_model`` and ``reward_model``
+    (in place), so that ``pi_theta / pi_old`` is exactly 1 at identical weights.
+    ``dist`` (a :class:`klbook_lib.rlhf.distributed.DataParallel`, from ``torchrun``) trains
+    data-parallel: ``cfg.batch_size`` and ``cfg.minibatch_size`` are global (multiples of
+    the world size), every rank samples its block of the prompts, the history and the
+    controller see the global statistics, and rank 0 alone writes checkpoints.
     """
     cfg = (config or PPOConfig()).check()
+    if dist is not None:
+        dist.check_divisible("batch_size", cfg.batch_size)
+        dist.check_divisible("minibatch_size", cfg.minibatch_size)
     if iterations < 1:
         raise ValueError(f"iterations: must be >= 1, got {iterations!r}")
     if controller is None and (not isinstance(beta, (int, float)) or beta < 0 or math.isnan(beta)):
@@ -339,6 +415,8 @@ def train_ppo(policy, ref_model, reward_model: ScalarHeadModel, value_model: Sca
     if len(prompts) == 0:
         raise ValueError("prompts: need at least one prompt")
     R = _rewards_module()
+    for model in (policy, value_model, ref_model, reward_model):
+        disable_dropout(model)
     device = next(policy.parameters()).device
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
@@ -346,21 +424,27 @@ def train_ppo(policy, ref_model, reward_model: ScalarHeadModel, value_model: Sca
     value_model.train()
     opt_pi = torch.optim.Adam([p for p in policy.parameters() if p.requires_grad], lr=cfg.lr)
     opt_v = torch.optim.Adam([p for p in value_model.parameters() if p.requires_grad], lr=cfg.value_lr)
+    # with dist: gradients averaged over ranks by DistributedDataParallel (sampling uses the bare policy)
+    pi_train, v_train = (policy, value_model) if dist is None else (dist.wrap(policy), dist.wrap(value_model))
     history = []
-    for it in tqdm(range(iterations), desc="PPO", disable=not progress):
+    quiet = not progress or (dist is not None and not dist.is_main)
+    for it in tqdm(range(iterations), desc="PPO", disable=quiet):
         t0 = time.time()
         idx = torch.randint(len(prompts), (cfg.batch_size,), generator=gen).tolist()
+        if dist is not None:    # this rank's block of the global batch
+            idx = dist.shard(idx)
         batch_prompts = [prompts[i] for i in idx]
         policy.eval()
-        ro = sample_responses(policy, tokenizer, batch_prompts, cfg.max_new_tokens, cfg.temperature, gen)
+        ro = sample_responses(policy, tokenizer, batch_prompts, cfg.max_new_tokens, cfg.temperature, gen, dist=dist)
         cur_beta = _controller_value(beta, controller)
-        stats, diag = ppo_step(policy, ref_model, reward_model, value_model, ro, cur_beta, cfg,
-                               opt_pi, opt_v, gen)
+        stats, diag = ppo_step(pi_train, ref_model, reward_model, v_train, ro, cur_beta, cfg,
+                               opt_pi, opt_v, gen, dist=dist)
         row = {"iteration": it, "beta": cur_beta, **stats, **diag, "seconds": time.time() - t0}
         if controller is not None:
             controller.update(stats["k1_seq"], n_steps=cfg.batch_size)
         history.append(row)
-        if checkpoint_dir is not None and checkpoint_every and (it + 1) % checkpoint_every == 0:
+        if (checkpoint_dir is not None and checkpoint_every and (it + 1) % checkpoint_every == 0
+                and (dist is None or dist.is_main)):
             policy.save_pretrained(Path(checkpoint_dir) / f"iter_{it + 1:04d}")
     policy.eval()
     value_model.eval()
@@ -386,41 +470,70 @@ class RLHFResult:
 
 def run_rlhf(pipeline, beta: float = 0.1, steps: int = 60, seed: int = 0, controller=None,
              config: PPOConfig | None = None, progress: bool = True,
-             checkpoint_dir: str | os.PathLike | None = None, checkpoint_every: int = 0) -> RLHFResult:
+             checkpoint_dir: str | os.PathLike | None = None, checkpoint_every: int = 0,
+             prompts: Sequence[str] | None = None, dist=None) -> RLHFResult:
     """PPO-RLHF from the pipeline's ``pi_ref`` with reward model and prompts; ``steps`` iterations.
 
     The policy starts as a copy of the SFT model, the value model as a copy of the reward
     model. ``controller`` (if given) sets ``beta`` adaptively instead of the fixed ``beta``.
+    ``prompts`` (default: all of ``pipeline.prompts``) are the prompts PPO trains on, e.g. a
+    subset so that the others can be held out for evaluation. ``dist``: data-parallel
+    training over the ranks of ``torchrun`` (:func:`train_ppo`).
     """
     if not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps: must be a positive integer, got {steps!r}")
+    prompts = _check_prompts(pipeline, prompts)
     policy = pipeline.new_policy()
     value_model = copy.deepcopy(pipeline.reward_model)
     for p in value_model.parameters():
         p.requires_grad_(True)
     cfg = config or PPOConfig()
     hist = train_ppo(policy, pipeline.ref_model, pipeline.reward_model, value_model, pipeline.tokenizer,
-                     pipeline.prompts, iterations=steps, beta=beta, controller=controller, config=cfg,
+                     prompts, iterations=steps, beta=beta, controller=controller, config=cfg,
                      seed=seed, progress=progress, checkpoint_dir=checkpoint_dir,
-                     checkpoint_every=checkpoint_every)
+                     checkpoint_every=checkpoint_every, dist=dist)
     return RLHFResult(policy=policy, value_model=value_model, history=hist, config=cfg,
                       beta=None if controller is not None else float(beta), seed=seed)
 
 
+def _check_prompts(pipeline, prompts) -> list:
+    if prompts is None:
+        return list(pipeline.prompts)
+    if isinstance(prompts, str) or not all(isinstance(p, str) for p in prompts):
+        raise ValueError("prompts: must be a sequence of strings")
+    prompts = list(prompts)
+    if not prompts:
+        raise ValueError("prompts: need at least one prompt")
+    return prompts
+
+
 @torch.no_grad()
 def evaluate_policy(pipeline, policy, n: int = 256, seed: int = 1234, temperature: float = 1.0,
-                    max_new_tokens: int = 16, missing_eos_score: float | None = -2.0) -> tuple[dict, Rollout]:
+                    max_new_tokens: int = 16, missing_eos_score: float | None = -2.0,
+                    prompts: Sequence[str] | None = None, dist=None) -> tuple[dict, Rollout]:
     """Sample ``n`` responses from ``policy`` to random prompts; return ``(stats, rollout)``.
 
-    ``stats`` are those of :func:`measure` against the pipeline's ``pi_ref`` and reward model.
+    The prompts are drawn uniformly, with ``seed``, from ``prompts`` (default: all of
+    ``pipeline.prompts``; pass prompts PPO never trained on to evaluate on held-out prompts).
+    ``stats`` are those of :func:`measure` against the pipeline's ``pi_ref`` and reward model,
+    standard errors included. With ``dist`` every rank samples its block of the ``n``
+    responses (``n`` a multiple of the world size), ``stats`` are those of all ``n`` and the
+    rollout is this rank's block.
     """
     if n < 1:
         raise ValueError(f"n: must be >= 1, got {n!r}")
+    if dist is not None:
+        dist.check_divisible("n", n)
+    prompts = _check_prompts(pipeline, prompts)
     gen = torch.Generator().manual_seed(seed)
-    idx = torch.randint(len(pipeline.prompts), (n,), generator=gen).tolist()
+    idx = torch.randint(len(prompts), (n,), generator=gen).tolist()
+    if dist is not None:
+        idx = dist.shard(idx)
     policy.eval()
-    ro = sample_responses(policy, pipeline.tokenizer, [pipeline.prompts[i] for i in idx],
-                          max_new_tokens, temperature, gen)
+    ro = sample_responses(policy, pipeline.tokenizer, [prompts[i] for i in idx],
+                          max_new_tokens, temperature, gen, dist=dist)
     stats = measure(policy, pipeline.ref_model, pipeline.reward_model, pipeline.tokenizer, ro,
                     temperature, missing_eos_score)
+    if dist is not None:
+        stats = dist.reduce_stats(stats, ro.responses)
     return stats, ro

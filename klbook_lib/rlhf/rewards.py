@@ -29,6 +29,7 @@ Functions
 ``sequence_sum``       per-sequence sum of a per-token quantity over the mask
 ``masked_mean``        mean over real tokens only (pads excluded)
 ``token_logprobs``     log pi(a_t|s_t) of given tokens from logits (with temperature)
+``gae_unmasked``       GAE run over every column, pads included, as TRL's PPO trainer does
 """
 from __future__ import annotations
 
@@ -47,6 +48,7 @@ __all__ = [
     "sequence_sum",
     "masked_mean",
     "token_logprobs",
+    "gae_unmasked",
 ]
 
 
@@ -261,3 +263,47 @@ def token_logprobs(
         raise ValueError(f"temperature: must be > 0, got {temperature}")
     logp = torch.log_softmax(logits / float(temperature), dim=-1)
     return logp.gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1)
+
+
+# --------------------------------------------------------------------------- advantages
+def gae_unmasked(
+    rewards: torch.Tensor, values: torch.Tensor, gamma: float = 1.0, lam: float = 0.95
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation over *every* column of a padded batch.
+
+    ``A_t = delta_t + gamma * lam * A_{t+1}`` with ``delta_t = R_t + gamma * V_{t+1} - V_t``,
+    run from the last column to the first with nothing masked; ``V`` after the last column is
+    0. This is the recursion of TRL's ``PPOTrainer`` (``trl/experimental/ppo/ppo_trainer.py``
+    in TRL 1.9.0; the same loop as ``PPOv2Trainer`` in TRL 0.11), which masks the advantages
+    only afterwards. A reward placed on a pad therefore still flows back into
+    the real tokens, discounted by ``gamma * lam`` per step. The book's masked GAE
+    (``klbook_lib.rlhf.ppo.gae``) stops at the last real token instead.
+
+    Args:
+        rewards: ``R_t``, [B, T] (whatever the pads hold counts).
+        values: ``V(s_t)``, [B, T].
+        gamma, lam: discount and GAE parameter, both in [0, 1].
+
+    Returns:
+        ``(advantages, returns)``, both [B, T], ``returns = advantages + values``; the caller
+        masks them.
+    """
+    _check_logprobs("rewards", rewards)
+    _check_logprobs("values", values)
+    if values.shape != rewards.shape:
+        raise ValueError(f"values: shape {tuple(values.shape)} does not match rewards shape "
+                         f"{tuple(rewards.shape)}")
+    for name, x in (("gamma", gamma), ("lam", lam)):
+        x = float(x)
+        if not 0.0 <= x <= 1.0:
+            raise ValueError(f"{name}: must be in [0, 1], got {x}")
+    gamma, lam = float(gamma), float(lam)
+    T = rewards.shape[1]
+    adv = torch.zeros_like(rewards)
+    last = torch.zeros_like(rewards[:, 0])
+    for t in reversed(range(T)):
+        next_value = values[:, t + 1] if t + 1 < T else torch.zeros_like(last)
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        last = delta + gamma * lam * last
+        adv[:, t] = last
+    return adv, adv + values

@@ -1,0 +1,92 @@
+"""``klbook start ex04 [DIR]``: copy an exercise notebook out of the repository to work on.
+
+Students should not edit ``exercises/*.ipynb`` in the book's repository: those files are
+generated from the masters (``klbook make-student``), a test checks that they are up to
+date, and a clone that holds a student's answers is easy to commit by mistake. ``start``
+writes a fresh working copy of the student notebook into ``DIR`` (default
+``~/klbook-exercises``), never inside the repository, and never over an existing file
+unless ``--force`` is given. The copy's ``check()`` cells work wherever it is; grade it
+with ``klbook grade DIR/exNN_....ipynb``.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from pathlib import Path
+
+from klbook_lib.grading.student import REPO, STUDENTS
+
+DEFAULT_DIR = Path("~") / "klbook-exercises"
+
+
+class StartError(ValueError):
+    """The working copy cannot be written (unknown exercise, target inside the repository...)."""
+
+
+def available() -> list[str]:
+    """The student notebooks of this checkout, by name (``ex04_estimating_kl``...)."""
+    return sorted(p.stem for p in STUDENTS.glob("ex[0-9][0-9]_*.ipynb"))
+
+
+def resolve(exercise: str) -> str:
+    """``ex04``, ``04``, ``4`` or ``ex04_estimating_kl`` -> ``ex04_estimating_kl``."""
+    names = available()
+    if not names:
+        raise StartError(f"no student notebooks in {STUDENTS}: `klbook start` needs a clone of the "
+                         "book's repository")
+    text = str(exercise).strip()
+    if text in names:
+        return text
+    m = re.fullmatch(r"(?:ex)?0*(\d{1,2})", text, re.IGNORECASE)
+    if m:
+        prefix = f"ex{int(m.group(1)):02d}_"
+        found = [n for n in names if n.startswith(prefix)]
+        if len(found) == 1:
+            return found[0]
+    raise StartError(f"exercise: unknown exercise {exercise!r}; choose one of {', '.join(names)}")
+
+
+def start(exercise: str, directory: str | os.PathLike | None = None, force: bool = False) -> Path:
+    """Write the student notebook of ``exercise`` into ``directory``; return the new file's path."""
+    name = resolve(exercise)
+    target_dir = Path(directory if directory is not None else DEFAULT_DIR).expanduser().resolve()
+    repo = REPO.resolve()
+    if target_dir == repo or repo in target_dir.parents:
+        raise StartError(f"directory: {target_dir} is inside the book's repository ({repo}); work "
+                         "on a copy outside it, e.g. `klbook start ex04 ~/klbook-exercises`")
+    target = target_dir / f"{name}.ipynb"
+    if target.exists() and not force:
+        raise StartError(f"{target} already exists (your work?); pass --force to overwrite it, or "
+                         "choose another directory")
+    if target_dir.exists() and not target_dir.is_dir():
+        raise StartError(f"directory: {target_dir} exists and is not a directory")
+    target_dir.mkdir(parents=True, exist_ok=True)
+    text = (STUDENTS / f"{name}.ipynb").read_text(encoding="utf-8")
+    tmp = target.with_name(f".{target.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, target)
+    return target
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        path = start(args.exercise, args.directory, force=args.force)
+    except (StartError, OSError) as exc:
+        print(f"klbook start: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {path}")
+    print(f"open it with `jupyter lab {path}`; run its check() cells as you go; "
+          f"grade it with `klbook grade {path}`")
+    return 0
+
+
+def add_parser(subparsers) -> None:
+    """Register ``klbook start`` on the CLI's subparsers."""
+    s = subparsers.add_parser("start", help="copy an exercise notebook out of the repository to work on")
+    s.add_argument("exercise", help="ex04, 4 or ex04_estimating_kl")
+    s.add_argument("directory", nargs="?", default=None,
+                   help=f"where to write it (default {DEFAULT_DIR}); not inside the repository")
+    s.add_argument("--force", action="store_true", help="overwrite an existing copy")
+    s.set_defaults(func=_run)
