@@ -64,6 +64,7 @@ PYTEST_TMP := $(CURDIR)/_build/pytest
 
 test-lib: setup
 	$(PY) -c "from klbook_lib.grading.sandbox import remove_tree; remove_tree('$(PYTEST_TMP)')"
+	mkdir -p $(dir $(PYTEST_TMP))
 	$(OFFLINE) $(PY) -m pytest tests -q -n $(JOBS) -m "not browser" --basetemp=$(PYTEST_TMP)
 
 test-notebooks: setup
