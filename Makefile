@@ -57,14 +57,14 @@ test: setup
 # Everything after set-up runs with the network cut off (tools/offline.sh).
 OFFLINE := bash tools/offline.sh
 
-# pytest's temporary directories live in _build/pytest, not in a shared /tmp/pytest-of-USER:
-# the grader's tests build directory trees too deep for pytest's own clean-up, and remove
-# them with the grader's remove_tree (a stale tree left in /tmp would break every later run)
-PYTEST_TMP := $(CURDIR)/_build/pytest
+# pytest's temporary directories: one folder per checkout, outside the repository (the
+# grader's tests need paths outside it) and not the shared /tmp/pytest-of-USER: the grader's
+# tests build directory trees too deep for pytest's own clean-up, so the folder is emptied
+# with the grader's remove_tree first (a stale tree would otherwise break every later run)
+PYTEST_TMP := $(or $(TMPDIR),/tmp)/klbook-pytest-$(shell printf '%s' '$(CURDIR)' | cksum | cut -d' ' -f1)
 
 test-lib: setup
 	$(PY) -c "from klbook_lib.grading.sandbox import remove_tree; remove_tree('$(PYTEST_TMP)')"
-	mkdir -p $(dir $(PYTEST_TMP))
 	$(OFFLINE) $(PY) -m pytest tests -q -n $(JOBS) -m "not browser" --basetemp=$(PYTEST_TMP)
 
 test-notebooks: setup

@@ -6,7 +6,7 @@ import argparse
 import json
 import os
 import sys
-import tempfile
+from pathlib import Path
 
 
 def write_result(path: str, result: dict) -> None:
@@ -15,22 +15,9 @@ def write_result(path: str, result: dict) -> None:
     Whatever is at ``path`` (a FIFO, a symbolic link, a file being read) is replaced, never
     opened or followed; the grader writes it only after the sandbox is gone.
     """
-    target = os.path.abspath(path)
-    folder = os.path.dirname(target)
-    fd, tmp = tempfile.mkstemp(prefix=".klbook-result-", suffix=".json", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(result, fh, indent=1)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    from klbook_lib.grading.batch import atomic_write_text
+
+    atomic_write_text(Path(os.path.abspath(path)), json.dumps(result, indent=1))
 
 
 def _no_hidden_tests(command: str) -> int | None:

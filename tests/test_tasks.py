@@ -275,7 +275,10 @@ def test_micro_pipeline_build_is_deterministic_across_processes():
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                          cwd=REPO, timeout=300, check=True)
-    assert float(out.stdout.strip().splitlines()[-1]) == micro_rlhf.fingerprint(micro_rlhf.build(0))
+    # equal to rounding (the sum behind the fingerprint may use more threads here); the grader
+    # accepts a relative difference of 1e-9
+    theirs = float(out.stdout.strip().splitlines()[-1])
+    assert math.isclose(theirs, micro_rlhf.fingerprint(micro_rlhf.build(0)), rel_tol=1e-12, abs_tol=0)
 
 
 # ---------------------------------------------------------------- derive-then-verify references

@@ -362,7 +362,12 @@ def student_record(st: Student) -> dict:
     return rec
 
 
-def _atomic_write(path: Path, text: str) -> None:
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to a new file beside ``path``, then rename it over ``path``.
+
+    Whatever is at ``path`` (a FIFO, a symbolic link, a file being read) is replaced, never
+    opened or followed.
+    """
     fd, tmp = tempfile.mkstemp(prefix=".klbook-", suffix=path.suffix, dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
@@ -410,9 +415,9 @@ def write_outputs(batch: dict, csv_path: str | os.PathLike, json_dir: str | os.P
     Path(csv_path).resolve().parent.mkdir(parents=True, exist_ok=True)
     buf = io.StringIO()
     csv.writer(buf, lineterminator="\n").writerows(csv_rows(batch))
-    _atomic_write(Path(csv_path).resolve(), buf.getvalue())
+    atomic_write_text(Path(csv_path).resolve(), buf.getvalue())
     for st in batch["students"]:
-        _atomic_write(jdir / json_filename(st.name),
+        atomic_write_text(jdir / json_filename(st.name),
                       json.dumps(student_record(st), indent=1) + "\n")
 
 

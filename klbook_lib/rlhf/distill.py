@@ -371,7 +371,8 @@ def train_student(pipe, method: str, config: DistillConfig | None = None, seed: 
     from transformers import GPT2LMHeadModel
 
     from .models import train_sft
-    from .overopt import _atomic_build, cache_dir_for
+    from .overopt import cache_dir_for
+    from .pipeline import atomic_build
 
     if method not in METHODS:
         raise ValueError(f"method: must be one of {METHODS}, got {method!r}")
@@ -398,7 +399,7 @@ def train_student(pipe, method: str, config: DistillConfig | None = None, seed: 
         warm().to("cpu").save_pretrained(tmp / "student")
         (tmp / "meta.json").write_text(json.dumps({"shape": shape, "warm_start_steps": warm_start_steps}))
 
-    _atomic_build(init_dir, build_init)
+    atomic_build(init_dir, build_init)
     settings = dict(shape=shape, warm=warm_start_steps, config=asdict(cfg), seed=int(seed))
     final = cache_dir_for("student", pipe, settings, code)
 
@@ -410,7 +411,7 @@ def train_student(pipe, method: str, config: DistillConfig | None = None, seed: 
         (tmp / "meta.json").write_text(json.dumps({"settings": settings, "history": hist,
                                                     "seconds": time.time() - t0}))
 
-    _atomic_build(final, build)
+    atomic_build(final, build)
     meta = json.loads((final / "meta.json").read_text())
     student = GPT2LMHeadModel.from_pretrained(str(final / "student"), local_files_only=True).to(pipe.device).eval()
     return student, meta["history"]

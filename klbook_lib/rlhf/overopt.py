@@ -40,14 +40,14 @@ import hashlib
 import json
 import math
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
 import torch
+
+from .pipeline import atomic_build, cache_root
 
 __all__ = [
     "bon_kl_bound", "bon_distribution", "bon_kl", "bon_weights", "bon_estimate",
@@ -264,7 +264,6 @@ def cache_dir_for(kind: str, pipe, settings: dict, code_files: Sequence[str | os
     this module's code and the code of the given ``code_files`` (Python files without their
     docstrings and comments, so that editing those keeps the caches).
     """
-    from .pipeline import cache_root
 
     if pipe.cache_path is None:
         raise ValueError("pipe: has no cache_path (build it with build_pipeline)")
@@ -277,25 +276,6 @@ def cache_dir_for(kind: str, pipe, settings: dict, code_files: Sequence[str | os
     return root / f"{kind}-{Path(pipe.cache_path).name}-{h.hexdigest()[:12]}"
 
 
-def _atomic_build(final: Path, build: Callable[[Path], None]) -> Path:
-    """Run ``build(tmp)`` and move ``tmp`` to ``final`` (unless another process got there first)."""
-    if (final / "meta.json").exists():
-        return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=final.parent))
-    try:
-        build(tmp)
-        try:
-            os.replace(tmp, final)
-        except OSError:
-            if not (final / "meta.json").exists():
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return final
-
-
 def cached_json(kind: str, pipe, settings: dict, compute: Callable[[], dict],
                 code_files: Sequence[str | os.PathLike] = ()) -> dict:
     """``compute()`` (a JSON-serialisable dict), cached next to the pipeline by ``settings``."""
@@ -306,7 +286,7 @@ def cached_json(kind: str, pipe, settings: dict, compute: Callable[[], dict],
         (tmp / "result.json").write_text(json.dumps(result))
         (tmp / "meta.json").write_text(json.dumps({"kind": kind, "settings": settings}, default=str))
 
-    _atomic_build(final, build)
+    atomic_build(final, build)
     return json.loads((final / "result.json").read_text())
 
 
@@ -350,7 +330,7 @@ def train_proxy_reward_model(pipe, n_pairs: int, steps: int | None = None, batch
                 "final_loss": float(np.mean([h["loss"] for h in hist[-10:]]))}
         (tmp / "meta.json").write_text(json.dumps(info))
 
-    _atomic_build(final, build)
+    atomic_build(final, build)
     info = json.loads((final / "meta.json").read_text())
     rm = ScalarHeadModel.load(final / "reward_model", device=pipe.device)
     for p in rm.parameters():

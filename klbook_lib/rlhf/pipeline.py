@@ -30,7 +30,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -111,6 +111,29 @@ def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
         return Path(cache_dir)
     env = os.environ.get("KLBOOK_CACHE")
     return Path(env) if env else Path.home() / ".cache" / "klbook"
+
+
+def atomic_build(final: Path, build: Callable[[Path], None]) -> Path:
+    """Run ``build(tmp)`` in a fresh folder beside ``final``, then rename it to ``final``.
+
+    Nothing happens if ``final`` holds a ``meta.json`` already; if another process renamed its
+    own folder there first, that one is kept and ours dropped. A build that fails leaves nothing.
+    """
+    if (final / "meta.json").exists():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=final.parent))
+    try:
+        build(tmp)
+        try:
+            os.replace(tmp, final)
+        except OSError:
+            if not (final / "meta.json").exists():
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final
 
 
 @dataclass
@@ -272,19 +295,7 @@ def build_pipeline(preset: str | None = None, seed: int = 0, device: str | None 
     final = root / f"rlhf-{preset}{init_tag}-seed{seed}-{code_version()}"
     if rebuild and final.exists():
         shutil.rmtree(final, ignore_errors=True)
-    if not (final / "meta.json").exists():
-        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=root))
-        try:
-            _build_into(tmp, preset, seed, device, progress, init_from, digest)
-            try:
-                os.replace(tmp, final)
-            except OSError:
-                if not (final / "meta.json").exists():
-                    raise
-                # another process finished first: keep its entry, drop ours
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
+    atomic_build(final, lambda tmp: _build_into(tmp, preset, seed, device, progress, init_from, digest))
     meta = json.loads((final / "meta.json").read_text())
     tok = PreTrainedTokenizerFast.from_pretrained(str(final / "tokenizer"))
     if tok.pad_token is None:                # GPT-2's tokenizer: pad with <|endoftext|>
