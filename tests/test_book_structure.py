@@ -125,3 +125,12 @@ def test_instructor_pages_sit_in_their_own_part():
     others = [f for caption, files in parts.items() if caption != "For instructors" for f in files]
     assert not {"grading", "execution"} & set(others)
     assert list(parts)[-1] == "For instructors", "the instructors' part comes last"
+
+
+def test_the_landing_page_lists_every_chapter():
+    """The intro's 'How the book is organised' names each numbered chapter, in order."""
+    intro = (ROOT / "intro.md").read_text(encoding="utf-8")
+    chapters = sorted(p.stem for p in (ROOT / "chapters").glob("[0-9][0-9]_*.ipynb"))
+    positions = [intro.find(f"{{doc}}`chapters/{c}`") for c in chapters]
+    assert all(i >= 0 for i in positions), [c for c, i in zip(chapters, positions) if i < 0]
+    assert positions == sorted(positions)
