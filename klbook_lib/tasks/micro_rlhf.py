@@ -277,16 +277,21 @@ def _vector_and_fingerprint(result, pipe) -> tuple[np.ndarray, str]:
     return vec, note
 
 
+def _returned_policy(result):
+    """``(pipe, policy, note)`` for a run's returned ``[policy vector, history, info]``."""
+    pipe = build(0)
+    vec, note = _vector_and_fingerprint(result, pipe)
+    return pipe, policy_from_vector(pipe, vec), note
+
+
 def judge_rlhf(result, eval_seed: int) -> tuple[float, str]:
     """Score one RLHF run: ``(credit, message)``. The judge loads the returned policy and samples
     ``EVAL_SAMPLES`` responses itself. Half the credit: the mean true reward beats ``pi_ref``'s by
     at least :data:`RLHF_REWARD_GAIN`; the other half: the exact KL to ``pi_ref`` is at most
     :data:`RLHF_MAX_KL` nats per response, counted only with a gain of at least half that (an
     untrained policy has KL 0)."""
-    pipe = build(0)
     try:
-        vec, note = _vector_and_fingerprint(result, pipe)
-        policy = policy_from_vector(pipe, vec)
+        pipe, policy, note = _returned_policy(result)
     except (TypeError, ValueError, IndexError) as exc:
         return 0.0, f"not a training result [policy, history, info]: {exc}"
     base = measure_policy(pipe, pipe.ref_model, seed=eval_seed)
@@ -372,10 +377,8 @@ def judge_dpo(result, eval_seed: int) -> tuple[float, str]:
     the credit each: held-out implicit-reward accuracy >= :data:`DPO_MIN_ACCURACY`; win rate
     against ``pi_ref`` >= :data:`DPO_MIN_WIN_RATE`; exact KL to ``pi_ref`` <=
     :data:`DPO_MAX_KL` nats per response (counted only with that win rate: ``pi_ref`` has KL 0)."""
-    pipe = build(0)
     try:
-        vec, note = _vector_and_fingerprint(result, pipe)
-        policy = policy_from_vector(pipe, vec)
+        pipe, policy, note = _returned_policy(result)
     except (TypeError, ValueError, IndexError) as exc:
         return 0.0, f"not a training result [policy, history, info]: {exc}"
     acc = heldout_accuracy(pipe, policy)

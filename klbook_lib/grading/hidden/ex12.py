@@ -11,6 +11,8 @@ import math
 
 import numpy as np
 
+from klbook_lib.grading.hidden.bank import _simplex
+
 EXERCISE = "ex12_overoptimisation_distillation"
 
 # Question 4: measured best-of-n gold rewards (relative to n = 1) at n = 1, 2, 4, ..., 256.
@@ -80,14 +82,6 @@ def fit_bon_and_peak(n_values=Q4_N, gold=Q4_GOLD) -> list[float]:
 
 
 # ----------------------------------------------------------------------------- questions
-
-def _simplex(rng, k, zeros=0):
-    p = rng.dirichlet(np.ones(k))
-    if zeros:
-        p[rng.choice(k, zeros, replace=False)] = 0.0
-        p /= p.sum()
-    return p
-
 
 def questions():
     # imported here: bank imports this module lazily, from inside its registry
