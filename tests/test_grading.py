@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from scipy import integrate, optimize, spatial, stats
 
+from grading_helpers import FULL, WRONG_ANSWERS, master_cells, messages, points, write_nb
 from klbook_lib.grading import compare
 from klbook_lib.grading.grader import GraderError, grade
 from klbook_lib.grading.hidden import bank
@@ -27,22 +28,6 @@ from klbook_lib.grading.hidden import reference as R
 REPO = Path(__file__).resolve().parents[1]
 MASTER = REPO / "exercises" / "masters" / "ex01_kl_definition.ipynb"
 KLBOOK = [sys.executable, "-m", "klbook_lib.cli"]
-
-WRONG_ANSWERS = '''
-def kl_categorical(p, q):
-    return 12345.0
-
-def kl_from_logits(logits_p, logits_q):
-    return np.full(np.shape(logits_p)[:-1], 12345.0)
-
-answer_q3 = 0.0
-answer_q4 = "A"
-'''
-
-
-def master_cells() -> list[str]:
-    nb = nbformat.read(MASTER, as_version=4)
-    return [c.source for c in nb.cells if c.cell_type == "code"]
 
 
 def replace_cell(cells: list[str], marker: str, new: str | None) -> list[str]:
@@ -55,24 +40,6 @@ def replace_cell(cells: list[str], marker: str, new: str | None) -> list[str]:
     else:
         out[hits[0]] = new
     return out
-
-
-def write_nb(tmp_path: Path, cells: list[str], name: str = "ex01_kl_definition.ipynb") -> Path:
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
-    path = tmp_path / name
-    nbformat.write(nb, path)
-    return path
-
-
-def points(result: dict) -> dict:
-    return {q["id"]: q["points"] for q in result["questions"]}
-
-
-def messages(result: dict, qid: str) -> str:
-    return " | ".join(next(q for q in result["questions"] if q["id"] == qid)["messages"])
-
-
-FULL = {"q1": 4, "q2": 4, "q3": 2, "q4": 2}
 
 
 # ---------------------------------------------------------------- broken notebooks

@@ -30,6 +30,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from grading_helpers import FULL, WRONG_ANSWERS, master_cells, messages, points, write_nb
 from klbook_lib.grading import grader as G
 from klbook_lib.grading.grader import grade
 
@@ -37,18 +38,6 @@ REPO = Path(G.__file__).resolve().parents[2]        # the checkout whose grader 
 MASTER = REPO / "exercises" / "masters" / "ex01_kl_definition.ipynb"
 HIDDEN = REPO / "klbook_lib" / "grading" / "hidden"
 KLBOOK = [sys.executable, "-m", "klbook_lib.cli"]
-FULL = {"q1": 4, "q2": 4, "q3": 2, "q4": 2}
-
-WRONG_ANSWERS = '''
-def kl_categorical(p, q):
-    return 12345.0
-
-def kl_from_logits(logits_p, logits_q):
-    return np.full(np.shape(logits_p)[:-1], 12345.0)
-
-answer_q3 = 0.0
-answer_q4 = "A"
-'''
 
 # Executes the solution cells of a master notebook's text in the notebook's globals.
 STEAL = '''
@@ -61,30 +50,6 @@ def _steal(text):
             if "check(" not in src:
                 exec(src, globals())
 '''
-
-
-def master_cells(name: str = "ex01_kl_definition") -> list[str]:
-    nb = nbformat.read(REPO / "exercises" / "masters" / f"{name}.ipynb", as_version=4)
-    return [c.source for c in nb.cells if c.cell_type == "code"]
-
-
-def write_nb(folder: Path, cells: list[str], name: str = "ex01_kl_definition.ipynb",
-             metadata: dict | None = None) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
-    if metadata:
-        nb.metadata.update(metadata)
-    path = folder / name
-    nbformat.write(nb, path)
-    return path
-
-
-def points(result: dict) -> dict:
-    return {q["id"]: q["points"] for q in result["questions"]}
-
-
-def messages(result: dict, qid: str) -> str:
-    return " | ".join(next(q for q in result["questions"] if q["id"] == qid)["messages"])
 
 
 def processes_with(marker: str) -> list[int]:

@@ -40,7 +40,8 @@ INSTRUCTOR_TESTS = {"tests/test_grading.py": "tests of the grader against the hi
                     "tests/test_exercises.py": "runs the masters",
                     "tests/test_sandbox.py": "attacks the sandbox with the masters",
                     "tests/test_instructor.py": "tests of class grading and of this release",
-                    "tests/test_exercise_traps.py": "grades wrong variants of the reference solutions"}
+                    "tests/test_exercise_traps.py": "grades wrong variants of the reference solutions",
+                    "tests/grading_helpers.py": "helpers of the grader's tests above"}
 JUNK = {"__pycache__", ".ipynb_checkpoints", ".pytest_cache", ".hypothesis", ".mypy_cache",
         ".ruff_cache", ".DS_Store", ".git", ".venv", "_build", ".whl", ".gl"}
 JUNK_SUFFIXES = (".pyc", ".pyo", ".egg-info")
