@@ -19,7 +19,6 @@ import threading
 from pathlib import Path
 
 import pytest
-import yaml
 from bs4 import BeautifulSoup
 
 pytestmark = pytest.mark.browser
@@ -30,6 +29,7 @@ SINGLE = ROOT / "_build" / "singlehtml"
 PDF_PATH = ROOT / "_build" / "pdf" / "book.pdf"
 sys.path.insert(0, str(ROOT / "tools"))
 
+from booktools import toc_files  # noqa: E402
 from pdfinfo import PDF  # noqa: E402
 
 
@@ -50,20 +50,8 @@ def _squash(s: str) -> str:
 
 
 def _toc_docs() -> list[str]:
-    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
-    docs: list[str] = []
-
-    def walk(entries):
-        for e in entries or []:
-            if "file" in e:
-                docs.append(str(Path(e["file"]).with_suffix("")))
-            walk(e.get("sections"))
-            walk(e.get("chapters"))
-
-    for part in toc.get("parts", []):
-        walk(part.get("chapters"))
-    walk(toc.get("chapters"))
-    return docs
+    """The documents of _toc.yml after its root (the landing page, which is the cover)."""
+    return [str(Path(f).with_suffix("")) for f in toc_files()[1:]]
 
 
 def test_pdf_has_pages_figures_and_bookmarks(pdf):
