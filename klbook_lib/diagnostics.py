@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from klbook_lib import envs as _envs
-from klbook_lib import monitor as _monitor
+from klbook_lib.divergences import kl_from_logits
 
 __all__ = ["collect_states", "collect_rollout", "fisher_trace", "random_step_kl", "kl_phases",
            "diagnose_run", "DEFAULT_KL_BAND"]
@@ -185,7 +185,7 @@ def random_step_kl(agent, obs: torch.Tensor, step_size: float, num_directions: i
             norm = torch.sqrt(sum((x * x).sum() for x in u))
             for q, b, x in zip(probe.parameters(), base, u):
                 q.copy_(b + step_size * x / norm)
-            out.append(_monitor.categorical_kl(z0, probe(obs)).mean().item())
+            out.append(kl_from_logits(z0, probe(obs)).mean().item())
     return float(np.mean(out))
 
 

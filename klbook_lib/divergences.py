@@ -41,7 +41,7 @@ except ImportError:  # pragma: no cover
 ArrayLike = Any  # numpy array, torch tensor, or nested Python sequence
 
 __all__ = [
-    "sum_tolerance", "kl", "kl_from_logits", "gaussian_kl", "js", "symmetric_kl",
+    "sum_tolerance", "kl", "kl_from_logits", "kl_from_log_probs", "gaussian_kl", "js", "symmetric_kl",
     "total_variation", "f_divergence", "FGenerator", "F_KL", "F_REVERSE_KL", "F_JS", "F_TV",
     "F_CHI2", "F_GENERATORS", "wasserstein_1d",
 ]
@@ -204,8 +204,21 @@ def kl_from_logits(logits_p: ArrayLike, logits_q: ArrayLike, dim: int = -1) -> A
         if bool(allmasked.any()):
             raise ValueError(f"{name}: every logit along dim {dim} is -inf (no outcome left)")
     if use_torch:
-        logp = torch.log_softmax(lp, dim=dim)
-        logq = torch.log_softmax(lq, dim=dim)
+        return kl_from_log_probs(torch.log_softmax(lp, dim=dim), torch.log_softmax(lq, dim=dim), dim)
+    return kl_from_log_probs(_log_softmax_np(lp, dim), _log_softmax_np(lq, dim), dim)
+
+
+def kl_from_log_probs(logp: ArrayLike, logq: ArrayLike, dim: int = -1) -> Any:
+    """``KL(P || Q) = sum_x P(x) (log P(x) - log Q(x))`` from normalised log-probabilities.
+
+    The one place in the library where the categorical KL is written; :func:`kl_from_logits`
+    (which checks its inputs and normalises) and every training loop call it. No input checks:
+    ``logp`` and ``logq`` must already be log-probabilities along ``dim`` (``log_softmax``
+    output), of one backend and shape. An outcome with ``P = 0`` contributes 0 (``0 log 0 = 0``,
+    also where ``log Q = -inf``); one with ``P > 0`` and ``Q = 0`` makes the KL ``+inf``.
+    numpy in, numpy out; torch in, torch out (differentiable).
+    """
+    if _is_torch(logp):
         p = logp.exp()
         live = p > 0
         zeros = torch.zeros_like(logp)
@@ -213,8 +226,6 @@ def kl_from_logits(logits_p: ArrayLike, logits_q: ArrayLike, dim: int = -1) -> A
         terms = torch.where(live, p * diff, zeros)
         terms = torch.where(live & torch.isinf(logq), torch.full_like(p, math.inf), terms)
         return terms.sum(dim=dim)
-    logp = _log_softmax_np(lp, dim)
-    logq = _log_softmax_np(lq, dim)
     p = np.exp(logp)
     live = p > 0
     with np.errstate(invalid="ignore"):
@@ -275,8 +286,7 @@ def gaussian_kl(mu_p: ArrayLike, std_p: ArrayLike, mu_q: ArrayLike, std_q: Array
     if reduce is not None and len(shape_p) == 0:
         raise ValueError(f"reduce: {reduce!r} needs at least one (action) axis, got scalars")
     log = torch.log if use_torch else np.log
-    ratio = sp / sq
-    out = -log(ratio) + 0.5 * (ratio ** 2 + ((mp - mq) / sq) ** 2) - 0.5
+    out = log(sq / sp) + (sp ** 2 + (mp - mq) ** 2) / (2 * sq ** 2) - 0.5
     if use_torch:
         out = out.expand(shape_p) if tuple(out.shape) != shape_p else out
     else:

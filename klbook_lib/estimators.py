@@ -30,9 +30,11 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .divergences import kl_from_logits
+
 __all__ = [
-    "log_ratio", "k1", "k2", "k3", "ESTIMATORS", "k3_swapped", "exact_kl_categorical", "ema",
-    "loss_gradients",
+    "log_ratio", "k1", "k2", "k3", "k1_from_log_ratio", "k2_from_log_ratio", "k3_from_log_ratio",
+    "FROM_LOG_RATIO", "estimate_from_log_ratio", "ESTIMATORS", "k3_swapped", "exact_kl_categorical", "ema", "loss_gradients",
 ]
 
 
@@ -109,6 +111,56 @@ def log_ratio(logp, logq, clamp: float | None = None):
     return lr
 
 
+# --------------------------------------------------------------------------- the formulas
+# The only place in the library where k1, k2 and k3 are written. These take the log-ratio
+# lr = log q(x) - log p(x) (x ~ p) and check nothing: they are the fast path that training
+# loops call on tensors they made themselves. k1/k2/k3 below check their inputs first.
+def k1_from_log_ratio(lr):
+    """k1 = -lr per sample, from ``lr = log q(x) - log p(x)``, ``x ~ p`` (no input checks)."""
+    return -lr
+
+
+def k2_from_log_ratio(lr):
+    """k2 = lr**2 / 2 per sample, from ``lr = log q(x) - log p(x)``, ``x ~ p`` (no input checks)."""
+    return 0.5 * lr * lr
+
+
+def k3_from_log_ratio(lr):
+    """k3 = (r - 1) - log r = expm1(lr) - lr per sample, ``lr = log r = log q(x) - log p(x)``.
+
+    No input checks (the fast path for training loops). ``expm1`` is what makes it accurate:
+    near ``lr = 0`` the value is about ``lr**2 / 2``, and ``(exp(lr) - 1) - lr`` (or
+    ``(ratio - 1) - log_ratio`` with ``ratio = exp(lr)``) loses it to rounding: ``exp(lr)``
+    carries an absolute error of about one unit in the last place of 1 (1e-16 in float64,
+    6e-8 in float32), which swamps ``lr**2 / 2`` once ``|lr|`` is below about 1e-8 (float64)
+    or 3e-4 (float32), and can even make k3 negative. ``expm1(lr)`` is correctly rounded
+    relative to ``lr``, so the absolute error of ``expm1(lr) - lr`` stays a few units of
+    ``eps * |lr|`` and the value is never negative. numpy or torch in, the same out;
+    differentiable (``d k3 / d lr = expm1(lr)``).
+    """
+    if _is_torch(lr):
+        import torch
+
+        return torch.expm1(lr) - lr
+    return np.expm1(lr) - lr
+
+
+FROM_LOG_RATIO: dict[str, Callable] = {
+    "k1": k1_from_log_ratio, "k2": k2_from_log_ratio, "k3": k3_from_log_ratio,
+}
+
+
+def estimate_from_log_ratio(lr, estimator: str):
+    """The estimator named ``estimator`` (``"k1"``, ``"k2"`` or ``"k3"``) of each log-ratio ``lr``.
+
+    ``lr = log q(x) - log p(x)`` with ``x ~ p``; estimates ``KL(p || q)`` per sample. No checks
+    of ``lr`` (see :func:`k3_from_log_ratio`); an unknown name is a ``ValueError``.
+    """
+    if estimator not in FROM_LOG_RATIO:
+        raise ValueError(f"estimator: must be one of {tuple(FROM_LOG_RATIO)}, got {estimator!r}")
+    return FROM_LOG_RATIO[estimator](lr)
+
+
 def k1(logp, logq, clamp: float | None = None):
     """k1 = -lr = log p(x) - log q(x): the plain Monte Carlo estimate of KL(p || q).
 
@@ -116,7 +168,7 @@ def k1(logp, logq, clamp: float | None = None):
     batch, can be negative although KL is never negative. With ``clamp`` the
     log-ratio is first bounded to ``[-clamp, clamp]`` (biased).
     """
-    return -log_ratio(logp, logq, clamp)
+    return k1_from_log_ratio(log_ratio(logp, logq, clamp))
 
 
 def k2(logp, logq, clamp: float | None = None):
@@ -126,8 +178,7 @@ def k2(logp, logq, clamp: float | None = None):
     log-ratio, so it is close to KL when p and q are close and can be far off (in
     either direction) when they are not. Every value is >= 0.
     """
-    lr = log_ratio(logp, logq, clamp)
-    return 0.5 * lr * lr
+    return k2_from_log_ratio(log_ratio(logp, logq, clamp))
 
 
 def k3(logp, logq, clamp: float | None = None):
@@ -138,16 +189,9 @@ def k3(logp, logq, clamp: float | None = None):
     when p and q are close; when q puts much more mass than p somewhere, ``r`` is
     heavy-tailed and the variance can be large or even infinite. ``exp(lr)``
     overflows for large ``lr`` (float32 above about 88, float16 above about 11):
-    ``clamp`` prevents that at the price of a bias.
+    ``clamp`` prevents that at the price of a bias. Computed by :func:`k3_from_log_ratio`.
     """
-    lr = log_ratio(logp, logq, clamp)
-    # expm1 keeps (e^lr - 1) accurate for tiny lr; e^lr - 1 would round and could
-    # make k3 slightly negative.
-    if _is_torch(lr):
-        import torch
-
-        return torch.expm1(lr) - lr
-    return np.expm1(lr) - lr
+    return k3_from_log_ratio(log_ratio(logp, logq, clamp))
 
 
 ESTIMATORS: dict[str, Callable] = {"k1": k1, "k2": k2, "k3": k3}
@@ -175,12 +219,6 @@ def k3_swapped(logp, logq, clamp: float | None = None):
 
 
 # --------------------------------------------------------------------------- exact KL
-def _log_softmax_np(z: np.ndarray) -> np.ndarray:
-    from scipy.special import log_softmax
-
-    return log_softmax(z, axis=-1)
-
-
 def exact_kl_categorical(logits_p, logits_q):
     """Exact KL(p || q) between categorical distributions given by logits.
 
@@ -188,35 +226,14 @@ def exact_kl_categorical(logits_p, logits_q):
     sum runs over the last axis (all categories), so the result has the batch shape.
     Logits of ``-inf`` mean probability zero: terms with ``p = 0`` contribute 0, and
     a category with ``p > 0`` but ``q = 0`` makes the KL ``+inf``.
-    numpy in, numpy out; torch in, torch out (differentiable).
+    numpy in, numpy out; torch in, torch out (differentiable). The reference that the
+    estimators are compared with; it is :func:`klbook_lib.divergences.kl_from_logits`
+    over the last axis.
     """
-    a, b, is_torch = _to_common(logits_p, logits_q, "logits_p", "logits_q")
+    a, b, _ = _to_common(logits_p, logits_q, "logits_p", "logits_q")
     if a.ndim == 0:
         raise ValueError("logits_p: needs at least one axis of categories")
-    if is_torch:
-        import torch
-
-        for name, x in (("logits_p", a), ("logits_q", b)):
-            if bool(torch.isnan(x).any()):
-                raise ValueError(f"{name}: contains NaN")
-            if bool((torch.isinf(x) & (x > 0)).any()):
-                raise ValueError(f"{name}: contains +inf")
-        logp = torch.log_softmax(a, dim=-1)
-        logq = torch.log_softmax(b, dim=-1)
-        p = logp.exp()
-        diff = torch.where(p > 0, logp - logq, torch.zeros_like(logp))
-        return (p * diff).sum(-1)
-    for name, x in (("logits_p", a), ("logits_q", b)):
-        if np.any(np.isnan(x)):
-            raise ValueError(f"{name}: contains NaN")
-        if np.any(np.isposinf(x)):
-            raise ValueError(f"{name}: contains +inf")
-    logp = _log_softmax_np(a)
-    logq = _log_softmax_np(b)
-    p = np.exp(logp)
-    with np.errstate(invalid="ignore"):
-        diff = np.where(p > 0, logp - logq, 0.0)
-    return np.sum(p * diff, axis=-1)
+    return kl_from_logits(a, b, dim=-1)
 
 
 # --------------------------------------------------------------------------- smoothing
@@ -298,10 +315,10 @@ def loss_gradients(logits_theta, logits_ref, n_samples: int, seed: int = 0) -> d
         """Each loss as a K-vector: its value if action a were the sample."""
         logp_all = torch.log_softmax(z, -1)
         lr = logq_all - logp_all
-        k3v = torch.expm1(lr) - lr
+        k3v = k3_from_log_ratio(lr)
         return {
-            "k1": -lr,
-            "k2": 0.5 * lr ** 2,
+            "k1": k1_from_log_ratio(lr),
+            "k2": k2_from_log_ratio(lr),
             "k3": k3v,
             "k1_score": (-lr).detach() * logp_all,
             "k3_is": torch.exp(logp_all - logp_all.detach()) * k3v,

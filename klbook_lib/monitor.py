@@ -4,9 +4,11 @@ After every PPO update we compare the policy that collected the batch, ``pi_old`
 the updated policy ``pi_theta`` on the batch's states ``s_i`` and sampled actions ``a_i``:
 
 * the exact ``KL(pi_old(.|s_i) || pi_theta(.|s_i))`` per state, from the closed forms for
-  categorical and diagonal-Gaussian policies (:func:`categorical_kl`, :func:`gaussian_kl`);
+  categorical and diagonal-Gaussian policies (:func:`klbook_lib.divergences.kl_from_logits`,
+  :func:`klbook_lib.divergences.gaussian_kl` with ``reduce="sum"``);
 * the sample estimates from the log-ratio ``log r_i = log pi_theta(a_i|s_i) - log pi_old(a_i|s_i)``
-  with ``a_i ~ pi_old``: ``k1 = -log r`` and ``k3 = (r - 1) - log r`` (:func:`k1`, :func:`k3`);
+  with ``a_i ~ pi_old``: ``k1 = -log r`` and ``k3 = (r - 1) - log r``
+  (:func:`klbook_lib.estimators.k1_from_log_ratio`, :func:`klbook_lib.estimators.k3_from_log_ratio`);
   both are unbiased for ``KL(pi_old || pi_theta)``, k3 is never negative;
 * mean / max / p90 / p99 over states (:func:`summarize`), an exponential moving average of
   the mean KL (:class:`EMA`), the clip fraction (:func:`clip_fraction`) and the ratio of
@@ -28,59 +30,13 @@ from typing import Iterable, Sequence
 
 import torch
 
+from .estimators import k1_from_log_ratio, k3_from_log_ratio
+
 __all__ = [
-    "categorical_kl", "gaussian_kl", "k1", "k3", "summarize", "EMA", "clip_fraction",
+    "summarize", "EMA", "clip_fraction",
     "grad_norm_ratio", "KLMonitor", "kl_to_uniform", "exploration_stats", "episode_segments",
     "batch_mean", "per_env_summary",
 ]
-
-_REDUCES = ("sum", "mean")
-
-
-def categorical_kl(old_logits: torch.Tensor, new_logits: torch.Tensor) -> torch.Tensor:
-    """Exact ``KL(pi_old || pi_new)`` per row for categorical distributions given by logits.
-
-    ``sum_a pi_old(a) (log pi_old(a) - log pi_new(a))`` over the last dimension.
-    Logits need not be normalised. Returns a tensor with the batch shape.
-    """
-    if old_logits.shape != new_logits.shape:
-        raise ValueError(f"new_logits: shape {tuple(new_logits.shape)} differs from old_logits "
-                         f"shape {tuple(old_logits.shape)}")
-    logp = torch.log_softmax(old_logits, -1)
-    logq = torch.log_softmax(new_logits, -1)
-    p = logp.exp()
-    # terms with p = 0 contribute 0 (0 log 0 = 0), even where logq = -inf
-    terms = torch.where(p > 0, p * (logp - logq), torch.zeros_like(p))
-    return terms.sum(-1)
-
-
-def gaussian_kl(mu_old: torch.Tensor, std_old: torch.Tensor, mu_new: torch.Tensor,
-                std_new: torch.Tensor, reduce: str = "sum") -> torch.Tensor:
-    """Exact ``KL(N(mu_old, std_old^2) || N(mu_new, std_new^2))`` for diagonal Gaussians.
-
-    Per action dimension ``log(s_new/s_old) + (s_old^2 + (mu_old - mu_new)^2) / (2 s_new^2) - 1/2``;
-    ``reduce="sum"`` over the last (action) dimension gives the KL of the joint
-    distribution. ``reduce="mean"`` divides it by the number of action dimensions: that is
-    *not* a KL of the policy, it exists to reproduce a common bug.
-    """
-    if reduce not in _REDUCES:
-        raise ValueError(f"reduce: must be one of {_REDUCES}, got {reduce!r}")
-    if (std_old <= 0).any() or (std_new <= 0).any():
-        raise ValueError("std_old, std_new: standard deviations must be positive")
-    per_dim = (torch.log(std_new / std_old)
-               + (std_old ** 2 + (mu_old - mu_new) ** 2) / (2 * std_new ** 2) - 0.5)
-    return per_dim.sum(-1) if reduce == "sum" else per_dim.mean(-1)
-
-
-def k1(logratio: torch.Tensor) -> torch.Tensor:
-    """``k1 = -log r`` per sample, with ``log r = log pi_new(a) - log pi_old(a)``, ``a ~ pi_old``."""
-    return -logratio
-
-
-def k3(logratio: torch.Tensor) -> torch.Tensor:
-    """``k3 = (r - 1) - log r`` per sample; non-negative, unbiased for ``KL(pi_old || pi_new)``."""
-    return torch.expm1(logratio) - logratio
-
 
 def summarize(values: torch.Tensor, prefix: str) -> dict[str, float]:
     """``{prefix_mean, prefix_max, prefix_p90, prefix_p99}`` of a 1-d tensor (linear-interpolated quantiles)."""
@@ -170,7 +126,7 @@ class KLMonitor:
             raise ValueError(f"logratio: shape {tuple(logratio.shape)} differs from exact_kl "
                              f"shape {tuple(exact_kl.shape)}")
         # the three summaries of summarize(), computed together (one quantile call)
-        rows = torch.stack([exact_kl, k1(logratio), k3(logratio)]).detach().to(torch.float64)
+        rows = torch.stack([exact_kl, k1_from_log_ratio(logratio), k3_from_log_ratio(logratio)]).detach().to(torch.float64)
         q = torch.quantile(rows, torch.tensor([0.9, 0.99], dtype=torch.float64, device=rows.device), dim=1)
         table = torch.stack([rows.mean(1), rows.amax(1), q[0], q[1]], 1).tolist()
         out = {}

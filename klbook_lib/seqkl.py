@@ -78,6 +78,9 @@ from typing import Iterable, Sequence
 
 import torch
 
+from .divergences import kl_from_log_probs
+from .estimators import estimate_from_log_ratio
+
 __all__ = [
     "ESTIMATORS", "PLACEMENTS", "WEIGHTS", "RETURNS", "SequenceSpace", "sequence_space",
     "random_logits", "token_logprobs", "sequence_logprobs", "exact_kl", "position_kl",
@@ -137,6 +140,24 @@ class SequenceSpace:
     def lengths(self) -> torch.Tensor:
         """Number of real tokens of each sequence, [N]."""
         return self.mask.sum(1)
+
+    def index_of(self, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The index (row of ``sequences``) of each padded sequence in a batch ``[B, T]``.
+
+        ``mask`` is ``True`` on real tokens; tokens under ``False`` are ignored. A row that is
+        not a sequence of this space is a ``ValueError``.
+        """
+        if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.shape[1] != self.length:
+            shape = tuple(tokens.shape) if isinstance(tokens, torch.Tensor) else type(tokens).__name__
+            raise ValueError(f"tokens: expected a [B, {self.length}] tensor, got {shape}")
+        if not isinstance(mask, torch.Tensor) or mask.shape != tokens.shape:
+            shape = tuple(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__
+            raise ValueError(f"mask: expected shape {tuple(tokens.shape)}, got {shape}")
+        keys = _keys_of(tokens.long(), mask.bool(), self.vocab_size)
+        pos = torch.searchsorted(self._keys, keys).clamp(max=len(self._keys) - 1)
+        if not bool((self._keys[pos] == keys).all()):
+            raise ValueError("tokens, mask: a row is not a sequence of this space")
+        return self._order[pos]
 
     def tokens(self, index: int) -> tuple[int, ...]:
         """The tokens of sequence ``index`` (without padding)."""
@@ -295,7 +316,7 @@ def exact_kl(space: SequenceSpace, p_logits: torch.Tensor, q_logits: torch.Tenso
     """
     lp = sequence_logprobs(space, p_logits)
     lq = sequence_logprobs(space, _check_logits("q_logits", q_logits, space))
-    return (lp.exp() * (lp - lq)).sum()
+    return kl_from_log_probs(lp, lq, dim=-1)
 
 
 def position_kl(space: SequenceSpace, logits: torch.Tensor, ref_logits: torch.Tensor) -> torch.Tensor:
@@ -306,7 +327,7 @@ def position_kl(space: SequenceSpace, logits: torch.Tensor, ref_logits: torch.Te
     space = _check_space(space)
     logp = torch.log_softmax(_check_logits("logits", logits, space), -1)
     logq = torch.log_softmax(_check_logits("ref_logits", ref_logits, space), -1)
-    per_prefix = (logp.exp() * (logp - logq)).sum(-1)
+    per_prefix = kl_from_log_probs(logp, logq, dim=-1)
     kl = per_prefix[space.prefix_index]
     return torch.where(space.mask, kl, torch.zeros_like(kl))
 
@@ -343,12 +364,8 @@ def kl_estimates(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: 
     if logprobs.shape != ref_logprobs.shape:
         raise ValueError(f"ref_logprobs: shape {tuple(ref_logprobs.shape)} does not match logprobs "
                          f"shape {tuple(logprobs.shape)}")
-    l = logprobs - ref_logprobs
-    if estimator == "k1":
-        return l
-    if estimator == "k2":
-        return 0.5 * l**2
-    return torch.expm1(-l) + l
+    # the estimators' log-ratio is log(pi_ref / pi_theta) = -l (tokens sampled from pi_theta)
+    return estimate_from_log_ratio(ref_logprobs - logprobs, estimator)
 
 
 def _returns(k: torch.Tensor, mask: torch.Tensor, returns: str) -> torch.Tensor:
@@ -480,9 +497,7 @@ def sample(space: SequenceSpace, logits: torch.Tensor, n: int,
         nxt = space.child[rows[idx], tok]
         alive[idx] = nxt >= 0
         rows[idx] = nxt.clamp(min=0)
-    keys = _keys_of(tokens, mask, space.vocab_size)
-    pos = torch.searchsorted(space._keys, keys)
-    return space._order[pos]
+    return space.index_of(tokens, mask)
 
 
 # --------------------------------------------------------------------------- comparisons

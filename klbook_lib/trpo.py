@@ -30,6 +30,8 @@ from typing import Callable
 import numpy as np
 from tqdm import tqdm
 
+from .divergences import kl_from_log_probs
+
 __all__ = [
     "TabularMDP", "PolicyEval", "StepResult", "short_corridor", "tabular_features",
     "policy_probs", "evaluate", "policy_gradient", "fisher", "mean_kl", "surrogate",
@@ -209,9 +211,10 @@ def mean_kl(phi: np.ndarray, theta_old: np.ndarray, theta: np.ndarray, d: np.nda
     """``KLbar = sum_s d(s) KL(pi_old(.|s) || pi_theta(.|s))`` (exact sums over actions)."""
     p = policy_probs(phi, theta_old)
     q = policy_probs(phi, theta)
-    logp = np.log(np.where(p > 0, p, 1.0))
+    with np.errstate(divide="ignore"):
+        logp = np.log(p)                       # -inf where p = 0: those actions contribute 0
     logq = np.log(np.maximum(q, np.finfo(float).tiny))
-    per_state = np.where(p > 0, p * (logp - logq), 0.0).sum(axis=1)
+    per_state = kl_from_log_probs(logp, logq, dim=1)
     return float(np.asarray(d) @ per_state)
 
 

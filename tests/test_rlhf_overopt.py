@@ -16,7 +16,7 @@ import pytest
 import torch
 from scipy import integrate
 
-from klbook_lib.rlhf import data, overopt as O
+from klbook_lib.rlhf import data, overopt as O, pipeline as P
 from klbook_lib.rlhf.models import ScalarHeadModel
 from rlhf_helpers import micro_policy, small_tokenizer
 
@@ -213,12 +213,12 @@ def test_cached_json_computes_once_per_settings(tmp_path):
         calls.append(1)
         return {"x": len(calls)}
 
-    assert O.cached_json("t", pipe, {"a": 1}, compute) == {"x": 1}
-    assert O.cached_json("t", pipe, {"a": 1}, compute) == {"x": 1}       # from the cache
-    assert O.cached_json("t", pipe, {"a": 2}, compute) == {"x": 2}       # other settings, recomputed
+    assert P.cached_json("t", pipe, {"a": 1}, compute) == {"x": 1}
+    assert P.cached_json("t", pipe, {"a": 1}, compute) == {"x": 1}       # from the cache
+    assert P.cached_json("t", pipe, {"a": 2}, compute) == {"x": 2}       # other settings, recomputed
     assert len(calls) == 2
     with pytest.raises(ValueError, match="pipe"):
-        O.cached_json("t", SimpleNamespace(cache_path=None), {}, compute)
+        P.cached_json("t", SimpleNamespace(cache_path=None), {}, compute)
 
 
 def test_gold_reward_model_scores_the_true_reward():
@@ -246,5 +246,13 @@ def test_cache_key_ignores_docstrings_and_comments_but_not_code(tmp_path):
     a.write_text('"""Doc."""\ndef f(x):\n    """Old."""\n    return x + 1  # one\n')
     b.write_text('"""Other doc."""\ndef f(x):\n    """New words."""\n    # a comment\n    return x + 1\n')
     c.write_text('"""Doc."""\ndef f(x):\n    """Old."""\n    return x + 2\n')
-    assert O._source_key(a) == O._source_key(b)
-    assert O._source_key(a) != O._source_key(c)
+    assert P.source_key(a) == P.source_key(b)
+    assert P.source_key(a) != P.source_key(c)
+    # the folder's key follows the files named, and only those (distillation caches do not
+    # depend on the best-of-n code of overopt.py)
+    entry = tmp_path / "rlhf-fake"
+    entry.mkdir()
+    pipe = SimpleNamespace(cache_path=str(entry))
+    assert P.cache_dir_for("t", pipe, {}, [a]) == P.cache_dir_for("t", pipe, {}, [b])
+    assert P.cache_dir_for("t", pipe, {}, [a]) != P.cache_dir_for("t", pipe, {}, [c])
+    assert P.cache_dir_for("t", pipe, {}) != P.cache_dir_for("t", pipe, {}, [a])

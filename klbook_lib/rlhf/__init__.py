@@ -7,6 +7,9 @@
     rewards       per-token KL rewards and the exact token KL
     ppo           the PPO-RLHF loop (``run_rlhf``)
     grpo          GRPO: group-relative advantages, the k3 loss term, verifiable rewards (``run_grpo``)
+    overopt       reward-model over-optimisation: best-of-n, proxy reward models, scaling fits
+    distill       distillation by forward KL, reverse KL and GKD's JSD; student evaluation
+    checks        the argument checks the modules above share
     pipeline      ``build_pipeline``: everything above, cached on disk
     demo          command-line demo for bigger presets on a GPU
     distributed   data-parallel PPO-RLHF over torchrun processes (``torch.distributed``)
@@ -19,7 +22,7 @@ from __future__ import annotations
 import importlib
 
 _SUBMODULES = ("data", "tokenizer", "models", "reward_model", "rewards", "ppo", "pipeline", "demo", "grpo",
-               "distributed")
+               "distributed", "overopt", "distill", "checks")
 _NAMES = {
     "build_pipeline": "pipeline", "RLHFPipeline": "pipeline",
     "run_rlhf": "ppo", "train_ppo": "ppo", "PPOConfig": "ppo", "evaluate_policy": "ppo",

@@ -48,6 +48,14 @@ from typing import Sequence
 import numpy as np
 import torch
 from tqdm import tqdm
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from ..divergences import kl_from_log_probs
+from . import data as D
+from .checks import check_logits_pair, check_mask
+from .models import train_sft
+from .pipeline import atomic_build, cache_dir_for, cached_json
+from .ppo import Rollout, encode_prompts, response_logits, sample_responses
 
 __all__ = [
     "METHODS", "token_divergence", "forward_kl_loss", "reverse_kl_loss", "gkd_loss",
@@ -60,32 +68,6 @@ _KINDS = ("forward", "reverse", "jsd")
 
 
 # --------------------------------------------------------------------------- checks
-def _check_logits(student_logits, teacher_logits) -> None:
-    for name, x in (("student_logits", student_logits), ("teacher_logits", teacher_logits)):
-        if not isinstance(x, torch.Tensor) or x.dim() != 3:
-            shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-            raise ValueError(f"{name}: expected a [B, T, V] tensor, got {shape}")
-    if teacher_logits.shape != student_logits.shape:
-        raise ValueError(f"teacher_logits: shape {tuple(teacher_logits.shape)} does not match "
-                         f"student_logits shape {tuple(student_logits.shape)}")
-
-
-def _check_mask(response_mask, shape) -> torch.Tensor:
-    if not isinstance(response_mask, torch.Tensor):
-        raise ValueError(f"response_mask: expected a torch.Tensor, got {type(response_mask).__name__}")
-    if tuple(response_mask.shape) != tuple(shape):
-        raise ValueError(f"response_mask: shape {tuple(response_mask.shape)} does not match [B, T] = {tuple(shape)}")
-    if response_mask.dtype != torch.bool:
-        ok = (response_mask == 0) | (response_mask == 1)
-        if not bool(ok.all()):
-            raise ValueError(f"response_mask: must contain only 0 and 1, found {response_mask[~ok].flatten()[0].item()}")
-        response_mask = response_mask == 1
-    if not bool(response_mask.any(dim=1).all()):
-        rows = torch.nonzero(~response_mask.any(dim=1)).flatten().tolist()
-        raise ValueError(f"response_mask: row(s) {rows} have no real token")
-    return response_mask
-
-
 def _check_beta(beta) -> float:
     beta = float(beta)
     if not 0.0 < beta < 1.0:
@@ -103,13 +85,6 @@ def _reduce(per_token: torch.Tensor, mask: torch.Tensor, reduction: str) -> torc
 
 
 # --------------------------------------------------------------------------- divergences
-def _kl_logp(logp_a: torch.Tensor, logp_b: torch.Tensor) -> torch.Tensor:
-    """``sum_v a(v) (log a(v) - log b(v))`` over the last axis; 0 log 0 = 0."""
-    a = logp_a.exp()
-    terms = torch.where(a > 0, a * (logp_a - logp_b), torch.zeros_like(a))
-    return terms.sum(-1)
-
-
 def token_divergence(student_logits: torch.Tensor, teacher_logits: torch.Tensor,
                      response_mask: torch.Tensor, kind: str = "forward", beta: float = 0.5) -> torch.Tensor:
     """Per-token divergence between teacher ``p`` and student ``q`` at every position, ``[B, T]``.
@@ -120,21 +95,21 @@ def token_divergence(student_logits: torch.Tensor, teacher_logits: torch.Tensor,
     ``beta`` behaves like ``beta`` times the forward KL, ``beta`` near 1 like ``1 - beta``
     times the reverse KL). Zero on pads; the sum over the vocabulary is exact.
     """
-    _check_logits(student_logits, teacher_logits)
-    mask = _check_mask(response_mask, student_logits.shape[:2])
+    check_logits_pair("student_logits", student_logits, "teacher_logits", teacher_logits)
+    mask = check_mask(response_mask, student_logits.shape[:2])
     if kind not in _KINDS:
         raise ValueError(f"kind: must be one of {_KINDS}, got {kind!r}")
     dtype = torch.float64 if student_logits.dtype == torch.float64 else torch.float32
     logq = torch.log_softmax(student_logits.to(dtype), -1)
     logp = torch.log_softmax(teacher_logits.to(dtype), -1)
     if kind == "forward":
-        div = _kl_logp(logp, logq)
+        div = kl_from_log_probs(logp, logq)
     elif kind == "reverse":
-        div = _kl_logp(logq, logp)
+        div = kl_from_log_probs(logq, logp)
     else:
         beta = _check_beta(beta)
         logm = torch.logaddexp(logp + math.log(beta), logq + math.log1p(-beta))
-        div = beta * _kl_logp(logp, logm) + (1 - beta) * _kl_logp(logq, logm)
+        div = beta * kl_from_log_probs(logp, logm) + (1 - beta) * kl_from_log_probs(logq, logm)
     return torch.where(mask, div, torch.zeros_like(div))
 
 
@@ -147,14 +122,14 @@ def forward_kl_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor,
     the sequence-level forward KL, and so is its gradient.
     """
     div = token_divergence(student_logits, teacher_logits.detach(), response_mask, "forward")
-    return _reduce(div, _check_mask(response_mask, div.shape), reduction)
+    return _reduce(div, check_mask(response_mask, div.shape), reduction)
 
 
 def gkd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, response_mask: torch.Tensor,
              beta: float = 0.5, reduction: str = "sequence") -> torch.Tensor:
     """On-policy GKD: the generalised JSD per token on *student* samples, no gradient through sampling."""
     div = token_divergence(student_logits, teacher_logits.detach(), response_mask, "jsd", beta)
-    return _reduce(div, _check_mask(response_mask, div.shape), reduction)
+    return _reduce(div, check_mask(response_mask, div.shape), reduction)
 
 
 def reverse_kl_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, response_ids: torch.Tensor,
@@ -176,8 +151,8 @@ def reverse_kl_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, 
     position (over rows where ``t`` is a real token), which lowers the variance; with it the
     expectation holds for large batches.
     """
-    _check_logits(student_logits, teacher_logits)
-    mask = _check_mask(response_mask, student_logits.shape[:2])
+    check_logits_pair("student_logits", student_logits, "teacher_logits", teacher_logits)
+    mask = check_mask(response_mask, student_logits.shape[:2])
     if not isinstance(response_ids, torch.Tensor) or response_ids.shape != mask.shape:
         raise ValueError(f"response_ids: expected shape {tuple(mask.shape)}")
     if future not in ("exact", "sampled", "none"):
@@ -211,7 +186,6 @@ def reverse_kl_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, 
 def make_student(tokenizer, n_layer: int = 1, n_embd: int = 32, n_head: int = 2, n_positions: int = 64,
                  seed: int = 0):
     """A small ``GPT2LMHeadModel`` with the tokenizer's vocabulary and special ids, no dropout."""
-    from transformers import GPT2Config, GPT2LMHeadModel
 
     for name, v in (("n_layer", n_layer), ("n_embd", n_embd), ("n_head", n_head), ("n_positions", n_positions)):
         if not isinstance(v, int) or v < (0 if name == "n_layer" else 1):
@@ -265,8 +239,6 @@ def rollout_from_tokens(tokenizer, prompts: Sequence[str], responses: Sequence[S
 
     The prompt is ``bos + prompt``, left-padded; the responses are right-padded with mask 0.
     """
-    from .ppo import Rollout, encode_prompts
-
     if len(prompts) != len(responses) or not prompts:
         raise ValueError(f"responses: need one non-empty token list per prompt, got {len(responses)} for {len(prompts)}")
     if any(len(r) == 0 for r in responses):
@@ -287,7 +259,6 @@ def rollout_from_tokens(tokenizer, prompts: Sequence[str], responses: Sequence[S
 
 
 def _response_logits(model, rollout):
-    from .ppo import response_logits
     return response_logits(model, rollout, 1.0)
 
 
@@ -302,8 +273,6 @@ def distil(teacher, student, tokenizer, prompts: Sequence[str], config: DistillC
     own samples (``divergence``: forward KL on teacher samples, reverse KL or JSD on student
     samples).
     """
-    from .ppo import sample_responses
-
     cfg = (config or DistillConfig()).check()
     prompts = list(prompts)
     if not prompts:
@@ -368,12 +337,6 @@ def train_student(pipe, method: str, config: DistillConfig | None = None, seed: 
     shared starting point of every method; seed 0 whatever ``seed`` is), then distilled
     with ``method`` for ``config.steps`` steps with ``seed``. Returns ``(student, history)``.
     """
-    from transformers import GPT2LMHeadModel
-
-    from .models import train_sft
-    from .overopt import cache_dir_for
-    from .pipeline import atomic_build
-
     if method not in METHODS:
         raise ValueError(f"method: must be one of {METHODS}, got {method!r}")
     cfg = copy.copy(config) if config is not None else DistillConfig()
@@ -419,10 +382,6 @@ def train_student(pipe, method: str, config: DistillConfig | None = None, seed: 
 
 def load_student_init(pipe, student_shape: dict | None = None, warm_start_steps: int = 0):
     """The shared starting student of :func:`train_student` (built and cached on first use)."""
-    from transformers import GPT2LMHeadModel
-
-    from .overopt import cache_dir_for
-
     shape = {**dict(n_layer=1, n_embd=32, n_head=2), **(student_shape or {})}
     here = Path(__file__).parent
     code = [here / "distill.py", here / "ppo.py", here / "models.py"]
@@ -443,8 +402,6 @@ def response_style(response: str) -> str:
     One of the five templates of the corpus (``"A ."``, ``"A and the N was A ."``, ...) or
     ``"other"`` for anything the corpus never contains.
     """
-    from . import data as D
-
     if not isinstance(response, str):
         raise ValueError(f"response: must be a string, got {type(response).__name__}")
     out = []
@@ -458,8 +415,6 @@ def response_style(response: str) -> str:
 
 def sentiment_class(response: str, threshold: float = 0.25) -> str:
     """``"positive"``, ``"negative"`` or ``"neutral"`` by the mean adjective sentiment of ``response``."""
-    from . import data as D
-
     s = D.sentiment_score(response)
     return "positive" if s > threshold else "negative" if s < -threshold else "neutral"
 
@@ -496,9 +451,6 @@ def evaluate_student(pipe, student, n: int = 512, seed: int = 1234, teacher_roll
     (fractions of each class), their standard errors (``*_se``) where they are means, and
     the raw ``responses``.
     """
-    from . import data as D
-    from .ppo import sample_responses
-
     if not isinstance(n, int) or n < 2:
         raise ValueError(f"n: must be an integer >= 2, got {n!r}")
     gen = torch.Generator().manual_seed(seed)
@@ -550,8 +502,6 @@ def student_report(pipe, method: str, config: DistillConfig | None = None, seed:
     Returns ``{"history": [...], "eval": evaluate_student(...) without the raw responses but
     with the first 12 of them in "examples"}``.
     """
-    from .overopt import cached_json
-
     cfg = copy.copy(config) if config is not None else DistillConfig()
     cfg.method = method
     cfg.check()

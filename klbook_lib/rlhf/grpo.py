@@ -50,7 +50,9 @@ import torch
 from tqdm import tqdm
 
 from . import data as _data
+from ..estimators import k3_from_log_ratio
 from . import rewards as R
+from .checks import check_batch_tensor, check_logprob_pair, check_mask, check_prompts
 from .ppo import response_logits, sample_responses
 
 AGGREGATIONS = ("sequence_mean", "token_mean", "constant")
@@ -103,7 +105,7 @@ def group_advantages(rewards: torch.Tensor, group_size: int, scale: bool = True,
 
 def token_advantages(advantages: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
     """Each response's advantage on every one of its real tokens, ``[B, T]``, zero on pads."""
-    mask = R._check_mask(response_mask)
+    mask = check_mask(response_mask)
     if not isinstance(advantages, torch.Tensor) or advantages.shape != (mask.shape[0],):
         raise ValueError(f"advantages: expected shape [B] = ({mask.shape[0]},), got "
                          f"{tuple(advantages.shape) if isinstance(advantages, torch.Tensor) else type(advantages).__name__}")
@@ -138,12 +140,12 @@ def grpo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, ref_logprobs: 
     (the aggregated k3 term), ``clipfrac`` (fraction of tokens whose ratio left the clip
     range) as floats.
     """
-    R._check_logprob_pair(logprobs, ref_logprobs)
-    R._check_logprobs("old_logprobs", old_logprobs)
+    check_logprob_pair(logprobs, ref_logprobs)
+    check_batch_tensor("old_logprobs", old_logprobs)
     if old_logprobs.shape != logprobs.shape:
         raise ValueError(f"old_logprobs: shape {tuple(old_logprobs.shape)} does not match logprobs "
                          f"shape {tuple(logprobs.shape)}")
-    mask = R._check_mask(response_mask, logprobs.shape)
+    mask = check_mask(response_mask, logprobs.shape)
     adv = token_advantages(advantages, mask).to(logprobs.dtype)
     beta = float(beta)
     if not (math.isfinite(beta) and beta >= 0):
@@ -170,8 +172,7 @@ def grpo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, ref_logprobs: 
     log_ratio = lp - old
     ratio = log_ratio.exp()
     pg = torch.minimum(ratio * adv, ratio.clamp(1 - clip_range, 1 + clip_range) * adv)
-    d = ref - lp                                   # log pi_ref - log pi_theta
-    k3 = torch.expm1(d) - d                        # = pi_ref/pi_theta - 1 - log(pi_ref/pi_theta)
+    k3 = k3_from_log_ratio(ref - lp)               # = pi_ref/pi_theta - 1 - log(pi_ref/pi_theta)
     per_token = torch.where(mask, -(pg - beta * k3), zero)
 
     def aggregate(x: torch.Tensor) -> torch.Tensor:
@@ -322,22 +323,8 @@ class GRPOResult:
 RewardFn = Callable[[Sequence[str], Sequence[str], torch.Tensor], torch.Tensor]
 
 
-@torch.no_grad()
-def _batch_stats(logits: torch.Tensor, ref_logits: torch.Tensor, lp: torch.Tensor, ref_lp: torch.Tensor,
-                 mask: torch.Tensor) -> dict:
-    """KL (exact over the vocabulary and k1/k3), entropy and reference NLL of one batch."""
-    exact = R.exact_token_kl(logits, ref_logits, mask)
-    logp = torch.log_softmax(logits, -1)
-    ent = -(logp.exp() * logp).sum(-1)
-    return {
-        "kl_exact_seq": float(R.sequence_sum(exact, mask).mean()),
-        "kl_exact_token": float(R.masked_mean(exact, mask)),
-        "k1_seq": float(R.sequence_sum(R.kl_per_token(lp, ref_lp, "k1"), mask).mean()),
-        "k3_token": float(R.masked_mean(R.kl_per_token(lp, ref_lp, "k3"), mask)),
-        "entropy_token": float(R.masked_mean(ent, mask)),
-        "ref_nll_token": float(-R.masked_mean(ref_lp, mask)),
-        "response_length": float(mask.float().sum(1).mean()),
-    }
+_BATCH_STATS = ("kl_exact_seq", "kl_exact_token", "k1_seq", "k3_token", "entropy_token", "ref_nll_token",
+                "response_length")
 
 
 def grpo_step(policy, ref_model, ro, rewards: torch.Tensor, beta: float, cfg: GRPOConfig,
@@ -348,7 +335,7 @@ def grpo_step(policy, ref_model, ro, rewards: torch.Tensor, beta: float, cfg: GR
     ``log pi_old`` from the first forward pass (the policy has not changed since it sampled
     the batch), then takes ``cfg.updates_per_batch`` optimiser steps on :func:`grpo_loss`.
     Returns ``(stats, diag)``: the batch's KL, entropy, reference NLL and length before the
-    update (``_batch_stats``), and the mean ``loss``, ``pg``, ``k3`` and ``clipfrac`` of the steps.
+    update (:func:`klbook_lib.rlhf.rewards.kl_statistics`), and the mean ``loss``, ``pg``, ``k3`` and ``clipfrac`` of the steps.
     """
     cfg = cfg.check()
     if not isinstance(rewards, torch.Tensor) or rewards.shape != (ro.response_ids.shape[0],):
@@ -367,7 +354,8 @@ def grpo_step(policy, ref_model, ro, rewards: torch.Tensor, beta: float, cfg: GR
         lp = R.token_logprobs(logits, ro.response_ids)
         if k == 0:
             old_lp = lp.detach()
-            stats = _batch_stats(logits.detach(), ref_logits, old_lp, ref_lp, mask)
+            kl = R.kl_statistics(logits.detach(), ref_logits, old_lp, ref_lp, mask)
+            stats = {key: kl[key] for key in _BATCH_STATS}
         loss, st = grpo_loss(lp, old_lp, ref_lp, adv, mask, beta, cfg.clip_range, cfg.aggregation,
                              cfg.max_new_tokens)
         opt.zero_grad(set_to_none=True)
@@ -465,11 +453,9 @@ def forward_kl(pipeline, policy, n: int = 256, seed: int = 4321, max_new_tokens:
     (The reverse KL ``kl_exact_seq`` of the PPO statistics does the same along ``pi_theta``'s
     own responses.)
     """
-    from .ppo import _check_prompts
-
     if isinstance(n, bool) or not isinstance(n, int) or n < 2:
         raise ValueError(f"n: must be an integer >= 2, got {n!r}")
-    prompts = _check_prompts(pipeline, prompts)
+    prompts = check_prompts(pipeline, prompts)
     gen = torch.Generator().manual_seed(seed)
     idx = torch.randint(len(prompts), (n,), generator=gen).tolist()
     ro = sample_responses(pipeline.ref_model, pipeline.tokenizer, [prompts[i] for i in idx],

@@ -47,12 +47,12 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from .pipeline import atomic_build, cache_root
+from .pipeline import atomic_build, cache_dir_for, cached_json
 
 __all__ = [
     "bon_kl_bound", "bon_distribution", "bon_kl", "bon_weights", "bon_estimate",
     "ScalingFit", "fit_bon", "fit_rl", "train_proxy_reward_model", "sample_pool",
-    "gold_reward_model", "rl_history", "RL_KEYS", "cached_json", "cache_dir_for",
+    "gold_reward_model", "rl_history", "RL_KEYS",
 ]
 
 
@@ -236,60 +236,6 @@ def fit_rl(d, r, weights=None) -> ScalingFit:
     return _fit("rl", d, r, weights)
 
 
-# --------------------------------------------------------------------------- caching
-def _source_key(path: str | os.PathLike) -> bytes:
-    """A Python file's code without its docstrings and comments (editing those keeps the caches)."""
-    import ast
-
-    tree = ast.parse(Path(path).read_text(encoding="utf-8"))
-    for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if (isinstance(body, list) and body and isinstance(body[0], ast.Expr)
-                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)):
-            node.body = body[1:] or [ast.Pass()]
-    return ast.dump(tree).encode()
-
-
-def _code_hash(*extra: str) -> str:
-    h = hashlib.sha256(_source_key(__file__))
-    for e in extra:
-        h.update(e.encode())
-    return h.hexdigest()[:10]
-
-
-def cache_dir_for(kind: str, pipe, settings: dict, code_files: Sequence[str | os.PathLike] = ()) -> Path:
-    """A cache folder next to the pipeline's, named by ``kind`` and a hash of ``settings``.
-
-    The key covers the pipeline's own entry (preset, seed, code version), ``settings``,
-    this module's code and the code of the given ``code_files`` (Python files without their
-    docstrings and comments, so that editing those keeps the caches).
-    """
-
-    if pipe.cache_path is None:
-        raise ValueError("pipe: has no cache_path (build it with build_pipeline)")
-    h = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode())
-    h.update(Path(pipe.cache_path).name.encode())
-    for f in code_files:
-        h.update(_source_key(f) if str(f).endswith(".py") else Path(f).read_bytes())
-    h.update(_code_hash().encode())
-    root = cache_root(Path(pipe.cache_path).parent)
-    return root / f"{kind}-{Path(pipe.cache_path).name}-{h.hexdigest()[:12]}"
-
-
-def cached_json(kind: str, pipe, settings: dict, compute: Callable[[], dict],
-                code_files: Sequence[str | os.PathLike] = ()) -> dict:
-    """``compute()`` (a JSON-serialisable dict), cached next to the pipeline by ``settings``."""
-    final = cache_dir_for(kind, pipe, settings, code_files)
-
-    def build(tmp: Path) -> None:
-        result = compute()
-        (tmp / "result.json").write_text(json.dumps(result))
-        (tmp / "meta.json").write_text(json.dumps({"kind": kind, "settings": settings}, default=str))
-
-    atomic_build(final, build)
-    return json.loads((final / "result.json").read_text())
-
-
 # --------------------------------------------------------------------------- proxies and pools
 def train_proxy_reward_model(pipe, n_pairs: int, steps: int | None = None, batch_size: int | None = None,
                              lr: float | None = None, seed: int = 0, progress: bool = False):
@@ -316,7 +262,7 @@ def train_proxy_reward_model(pipe, n_pairs: int, steps: int | None = None, batch
         raise ValueError(f"lr: must be positive, got {lr}")
     settings = dict(n_pairs=n_pairs, steps=steps, batch_size=batch_size, lr=lr, seed=int(seed))
     here = Path(P.__file__).parent
-    final = cache_dir_for("proxy-rm", pipe, settings, [here / "reward_model.py"])
+    final = cache_dir_for("proxy-rm", pipe, settings, [here / "reward_model.py", __file__])
 
     def build(tmp: Path) -> None:
         import time
@@ -367,7 +313,7 @@ def sample_pool(pipe, prompts: Sequence[str], m: int, seed: int = 0, max_new_tok
     settings = dict(prompts=prompts, m=m, seed=int(seed), max_new_tokens=int(max_new_tokens),
                     batch_size=int(batch_size))
     here = Path(ppo.__file__).parent
-    return cached_json("pool", pipe, settings, compute, [here / "ppo.py"])["responses"]
+    return cached_json("pool", pipe, settings, compute, [here / "ppo.py", __file__])["responses"]
 
 
 
@@ -449,4 +395,4 @@ def rl_history(pipe, proxy, beta: float, steps: int, seed: int = 0, config=None,
         return {k: [float(x) for x in cols[k]] for k in RL_KEYS}
 
     return cached_json("rl", pipe, settings, compute,
-                       [here / "ppo.py", here / "rewards.py", here / "reward_model.py"])
+                       [here / "ppo.py", here / "rewards.py", here / "reward_model.py", __file__])

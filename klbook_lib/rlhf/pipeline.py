@@ -21,6 +21,7 @@ for all RLHF chapters.
 """
 from __future__ import annotations
 
+import ast
 import copy
 import hashlib
 import json
@@ -134,6 +135,49 @@ def atomic_build(final: Path, build: Callable[[Path], None]) -> Path:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+# --------------------------------------------------------------------------- caches beside the pipeline
+def source_key(path: str | os.PathLike) -> bytes:
+    """A Python file's code without its docstrings and comments (editing those keeps the caches)."""
+    tree = ast.parse(Path(path).read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(body, list) and body and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree).encode()
+
+
+def cache_dir_for(kind: str, pipe, settings: dict, code_files: Sequence[str | os.PathLike] = ()) -> Path:
+    """A cache folder next to the pipeline's, named by ``kind`` and a hash of ``settings``.
+
+    The key covers the pipeline's own entry (preset, seed, code version), ``settings`` and
+    the code of ``code_files`` (Python files without their docstrings and comments, so that
+    editing those keeps the caches): the caller names every module its result depends on.
+    """
+    if pipe.cache_path is None:
+        raise ValueError("pipe: has no cache_path (build it with build_pipeline)")
+    h = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode())
+    h.update(Path(pipe.cache_path).name.encode())
+    for f in code_files:
+        h.update(source_key(f) if str(f).endswith(".py") else Path(f).read_bytes())
+    root = cache_root(Path(pipe.cache_path).parent)
+    return root / f"{kind}-{Path(pipe.cache_path).name}-{h.hexdigest()[:12]}"
+
+
+def cached_json(kind: str, pipe, settings: dict, compute: Callable[[], dict],
+                code_files: Sequence[str | os.PathLike] = ()) -> dict:
+    """``compute()`` (a JSON-serialisable dict), cached next to the pipeline by ``settings``."""
+    final = cache_dir_for(kind, pipe, settings, code_files)
+
+    def build(tmp: Path) -> None:
+        result = compute()
+        (tmp / "result.json").write_text(json.dumps(result))
+        (tmp / "meta.json").write_text(json.dumps({"kind": kind, "settings": settings}, default=str))
+
+    atomic_build(final, build)
+    return json.loads((final / "result.json").read_text())
 
 
 @dataclass

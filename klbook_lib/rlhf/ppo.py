@@ -37,14 +37,13 @@ from typing import Sequence
 import torch
 from tqdm import tqdm
 
+from ..estimators import k3_from_log_ratio
 from . import data as _data
+from . import rewards as R
+from .checks import check_prompts
 from .models import ScalarHeadModel, disable_dropout, lm_logits
 
 
-def _rewards_module():
-    # imported lazily: written alongside this module by another author
-    from . import rewards
-    return rewards
 
 
 @dataclass
@@ -227,46 +226,24 @@ def _masked_mean(x: torch.Tensor, m: torch.Tensor, dist=None) -> torch.Tensor:
 def _measure_from_logits(logits: torch.Tensor, ref_logits: torch.Tensor, reward_model: ScalarHeadModel,
                          rollout: Rollout, missing_eos_score: float | None):
     """(stats, logprobs, ref_logprobs, scores) from the response logits of pi_theta and pi_ref."""
-    R = _rewards_module()
     mask = rollout.response_mask
     lp = R.token_logprobs(logits, rollout.response_ids)
     ref_lp = R.token_logprobs(ref_logits, rollout.response_ids)
-    exact = R.exact_token_kl(logits, ref_logits, mask)
-    k1 = R.kl_per_token(lp, ref_lp, "k1")
-    k3 = R.kl_per_token(lp, ref_lp, "k3")
-    logp = torch.log_softmax(logits, -1)
-    ent = -(logp.exp() * logp).sum(-1)
     scores, raw = reward_scores(reward_model, rollout, missing_eos_score)
     true_r = torch.tensor([_data.true_reward(r) for r in rollout.responses])
-    lengths = mask.float().sum(1)
-    exact_seq = R.sequence_sum(exact, mask).double()
-    k1_seq = R.sequence_sum(k1, mask).double()
-
-    def se(x: torch.Tensor) -> float:
-        # standard error of the batch mean (sample standard deviation / sqrt(n)); 0 for one sample
-        x = x.double()
-        return float(x.std() / math.sqrt(len(x))) if len(x) > 1 else 0.0
-
+    kl = R.kl_statistics(logits, ref_logits, lp, ref_lp, mask)
     stats = {
         "score": float(scores.mean()),
         "score_raw": float(raw.mean()),
         "true_reward": float(true_r.mean()),
-        "kl_exact_seq": float(exact_seq.mean()),
-        "kl_exact_token": float(R.masked_mean(exact, mask)),
-        "k1_seq": float(k1_seq.mean()),
-        "k1_token": float(R.masked_mean(k1, mask)),
-        "k3_seq": float(R.sequence_sum(k3, mask).mean()),
-        "k3_token": float(R.masked_mean(k3, mask)),
-        "entropy_token": float(R.masked_mean(ent, mask)),
-        "entropy_seq": float(R.sequence_sum(ent, mask).mean()),
-        "ref_nll_token": float(-R.masked_mean(ref_lp, mask)),
-        "response_length": float(lengths.mean()),
+        **{k: kl[k] for k in ("kl_exact_seq", "kl_exact_token", "k1_seq", "k1_token", "k3_seq", "k3_token",
+                              "entropy_token", "entropy_seq", "ref_nll_token", "response_length")},
         "eos_fraction": float(rollout.has_eos.float().mean()),
         "distinct_fraction": len(set(rollout.responses)) / len(rollout.responses),
-        "score_se": se(scores),
-        "true_reward_se": se(true_r),
-        "kl_exact_seq_se": se(exact_seq),
-        "k1_seq_se": se(k1_seq),
+        "score_se": R.standard_error(scores),
+        "true_reward_se": R.standard_error(true_r),
+        "kl_exact_seq_se": kl["kl_exact_seq_se"],
+        "k1_seq_se": kl["k1_seq_se"],
         "score_abs_max": float(scores.abs().max()),
     }
     return stats, lp, ref_lp, scores
@@ -307,7 +284,6 @@ def ppo_step(policy, ref_model, reward_model, value_model, ro: Rollout, beta: fl
     ``DistributedDataParallel``, ``cfg.minibatch_size`` is the global minibatch, and the
     statistics, advantage whitening, losses and diagnostics are those of the global batch.
     """
-    R = _rewards_module()
     mask = ro.response_mask
     B = len(ro.prompts)
     cur_beta = float(beta)
@@ -368,7 +344,7 @@ def ppo_step(policy, ref_model, reward_model, value_model, ro: Rollout, beta: fl
                 diag["pg_loss"].append(float(pg_loss))
                 diag["vf_loss"].append(float(vf_loss))
                 diag["clipfrac"].append(float(_masked_mean(((ratio - 1).abs() > cfg.clip_range).float(), m, dist)))
-                diag["approx_kl_k3"].append(float(_masked_mean((ratio - 1) - log_ratio, m, dist)))
+                diag["approx_kl_k3"].append(float(_masked_mean(k3_from_log_ratio(log_ratio), m, dist)))
     policy.eval()
     out = {k: sum(v) / len(v) for k, v in diag.items()}
     if dist is not None:        # the shares of the ranks average to the global values
@@ -414,7 +390,6 @@ def train_ppo(policy, ref_model, reward_model: ScalarHeadModel, value_model: Sca
         raise ValueError(f"beta: must be a non-negative number, got {beta!r}")
     if len(prompts) == 0:
         raise ValueError("prompts: need at least one prompt")
-    R = _rewards_module()
     for model in (policy, value_model, ref_model, reward_model):
         disable_dropout(model)
     device = next(policy.parameters()).device
@@ -482,7 +457,7 @@ def run_rlhf(pipeline, beta: float = 0.1, steps: int = 60, seed: int = 0, contro
     """
     if not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps: must be a positive integer, got {steps!r}")
-    prompts = _check_prompts(pipeline, prompts)
+    prompts = check_prompts(pipeline, prompts)
     policy = pipeline.new_policy()
     value_model = copy.deepcopy(pipeline.reward_model)
     for p in value_model.parameters():
@@ -494,17 +469,6 @@ def run_rlhf(pipeline, beta: float = 0.1, steps: int = 60, seed: int = 0, contro
                      checkpoint_every=checkpoint_every, dist=dist)
     return RLHFResult(policy=policy, value_model=value_model, history=hist, config=cfg,
                       beta=None if controller is not None else float(beta), seed=seed)
-
-
-def _check_prompts(pipeline, prompts) -> list:
-    if prompts is None:
-        return list(pipeline.prompts)
-    if isinstance(prompts, str) or not all(isinstance(p, str) for p in prompts):
-        raise ValueError("prompts: must be a sequence of strings")
-    prompts = list(prompts)
-    if not prompts:
-        raise ValueError("prompts: need at least one prompt")
-    return prompts
 
 
 @torch.no_grad()
@@ -524,7 +488,7 @@ def evaluate_policy(pipeline, policy, n: int = 256, seed: int = 1234, temperatur
         raise ValueError(f"n: must be >= 1, got {n!r}")
     if dist is not None:
         dist.check_divisible("n", n)
-    prompts = _check_prompts(pipeline, prompts)
+    prompts = check_prompts(pipeline, prompts)
     gen = torch.Generator().manual_seed(seed)
     idx = torch.randint(len(prompts), (n,), generator=gen).tolist()
     if dist is not None:

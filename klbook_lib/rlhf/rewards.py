@@ -37,6 +37,10 @@ import math
 
 import torch
 
+from ..divergences import kl_from_log_probs
+from ..estimators import estimate_from_log_ratio
+from .checks import check_batch_tensor, check_logits_pair, check_logprob_pair, check_mask
+
 ESTIMATORS = ("k1", "k2", "k3")
 
 __all__ = [
@@ -49,53 +53,9 @@ __all__ = [
     "masked_mean",
     "token_logprobs",
     "gae_unmasked",
+    "kl_statistics",
+    "standard_error",
 ]
-
-
-# --------------------------------------------------------------------------- checks
-def _check_mask(response_mask: torch.Tensor, shape: torch.Size | None = None) -> torch.Tensor:
-    """Validate a [B, T] 0/1 mask and return it as a bool tensor."""
-    if not isinstance(response_mask, torch.Tensor):
-        raise ValueError(f"response_mask: expected a torch.Tensor, got {type(response_mask).__name__}")
-    if response_mask.dim() != 2:
-        raise ValueError(f"response_mask: expected shape [B, T], got {tuple(response_mask.shape)}")
-    if shape is not None and response_mask.shape != shape:
-        raise ValueError(
-            f"response_mask: shape {tuple(response_mask.shape)} does not match the "
-            f"log-probabilities' shape {tuple(shape)}"
-        )
-    if response_mask.dtype != torch.bool:
-        binary = (response_mask == 0) | (response_mask == 1)
-        if not bool(binary.all()):
-            bad = response_mask[~binary].flatten()[0].item()
-            raise ValueError(f"response_mask: must contain only 0 and 1, found {bad}")
-        response_mask = response_mask == 1
-    empty = ~response_mask.any(dim=1)
-    if bool(empty.any()):
-        rows = torch.nonzero(empty).flatten().tolist()
-        raise ValueError(
-            f"response_mask: row(s) {rows} have an empty response (mask all zero); "
-            "every sequence needs at least one response token to carry its score"
-        )
-    return response_mask
-
-
-def _check_logprobs(name: str, x: torch.Tensor) -> None:
-    if not isinstance(x, torch.Tensor):
-        raise ValueError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
-    if x.dim() != 2:
-        raise ValueError(f"{name}: expected shape [B, T], got {tuple(x.shape)}")
-
-
-def _check_logprob_pair(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> None:
-    """Both log-prob tensors valid and of the same shape."""
-    _check_logprobs("logprobs", logprobs)
-    _check_logprobs("ref_logprobs", ref_logprobs)
-    if ref_logprobs.shape != logprobs.shape:
-        raise ValueError(
-            f"ref_logprobs: shape {tuple(ref_logprobs.shape)} does not match logprobs "
-            f"shape {tuple(logprobs.shape)}"
-        )
 
 
 # --------------------------------------------------------------------------- estimators
@@ -113,15 +73,9 @@ def kl_per_token(
 
     Elementwise; no masking (see :func:`per_token_rewards`).
     """
-    _check_logprob_pair(logprobs, ref_logprobs)
-    log_ratio = logprobs - ref_logprobs
-    if estimator == "k1":
-        return log_ratio
-    if estimator == "k2":
-        return 0.5 * log_ratio**2
-    if estimator == "k3":
-        return torch.expm1(-log_ratio) + log_ratio
-    raise ValueError(f"estimator: must be one of {ESTIMATORS}, got {estimator!r}")
+    check_logprob_pair(logprobs, ref_logprobs)
+    # the estimators' log-ratio is log(pi_ref / pi_theta) = -l (samples from pi_theta)
+    return estimate_from_log_ratio(ref_logprobs - logprobs, estimator)
 
 
 def last_token_index(response_mask: torch.Tensor) -> torch.Tensor:
@@ -130,7 +84,7 @@ def last_token_index(response_mask: torch.Tensor) -> torch.Tensor:
     Works for left- and right-padded batches: it is the largest ``t`` with
     ``response_mask[b, t] == 1``, found from the mask and not from a sequence length.
     """
-    mask = _check_mask(response_mask)
+    mask = check_mask(response_mask)
     T = mask.shape[1]
     positions = torch.arange(T, device=mask.device).expand_as(mask)
     return torch.where(mask, positions, torch.full_like(positions, -1)).max(dim=1).values
@@ -160,8 +114,8 @@ def per_token_rewards(
         [B, T] tensor: zero on every padded position, the KL penalty on every real token,
         and the (clipped) score added on the last real token of each row.
     """
-    _check_logprob_pair(logprobs, ref_logprobs)
-    mask = _check_mask(response_mask, logprobs.shape)
+    check_logprob_pair(logprobs, ref_logprobs)
+    mask = check_mask(response_mask, logprobs.shape)
     if not isinstance(scores, torch.Tensor):
         scores = torch.as_tensor(scores, dtype=logprobs.dtype, device=logprobs.device)
     if scores.shape != (logprobs.shape[0],):
@@ -206,22 +160,12 @@ def exact_token_kl(
     probability (``-inf`` logits, e.g. after top-k) contribute 0; a token the policy can
     emit but the reference cannot gives ``+inf``. Returns [B, T], zero on pads.
     """
-    for name, x in (("logits", logits), ("ref_logits", ref_logits)):
-        if not isinstance(x, torch.Tensor) or x.dim() != 3:
-            shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-            raise ValueError(f"{name}: expected a [B, T, V] tensor, got {shape}")
-    if ref_logits.shape != logits.shape:
-        raise ValueError(
-            f"ref_logits: shape {tuple(ref_logits.shape)} does not match logits "
-            f"shape {tuple(logits.shape)}"
-        )
-    mask = _check_mask(response_mask, logits.shape[:2])
+    check_logits_pair("logits", logits, "ref_logits", ref_logits)
+    mask = check_mask(response_mask, logits.shape[:2])
     logp = torch.log_softmax(logits.float() if logits.dtype in (torch.float16, torch.bfloat16)
                              else logits, dim=-1)
     logq = torch.log_softmax(ref_logits.to(logp.dtype), dim=-1)
-    p = logp.exp()
-    terms = torch.where(p > 0, p * (logp - logq), torch.zeros_like(p))
-    kl = terms.sum(dim=-1)
+    kl = kl_from_log_probs(logp, logq, dim=-1)
     return torch.where(mask, kl, torch.zeros_like(kl))
 
 
@@ -231,16 +175,60 @@ def sequence_sum(values: torch.Tensor, response_mask: torch.Tensor) -> torch.Ten
     ``sequence_sum(exact_token_kl(...), mask)`` is the sequence-level KL of the sampled
     prefixes; ``sequence_sum(kl_per_token(lp, ref_lp), mask)`` the sequence log-ratio.
     """
-    _check_logprobs("values", values)
-    mask = _check_mask(response_mask, values.shape)
+    check_batch_tensor("values", values)
+    mask = check_mask(response_mask, values.shape)
     return torch.where(mask, values, torch.zeros_like(values)).sum(dim=1)
 
 
 def masked_mean(values: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
     """Mean of a per-token quantity over all real tokens of the batch (pads excluded)."""
-    _check_logprobs("values", values)
-    mask = _check_mask(response_mask, values.shape)
+    check_batch_tensor("values", values)
+    mask = check_mask(response_mask, values.shape)
     return torch.where(mask, values, torch.zeros_like(values)).sum() / mask.sum()
+
+
+def standard_error(x: torch.Tensor) -> float:
+    """Standard error of a batch mean: sample standard deviation / sqrt(n) (0 for one sample)."""
+    x = x.double()
+    return float(x.std() / math.sqrt(len(x))) if len(x) > 1 else 0.0
+
+
+@torch.no_grad()
+def kl_statistics(logits: torch.Tensor, ref_logits: torch.Tensor, logprobs: torch.Tensor,
+                  ref_logprobs: torch.Tensor, response_mask: torch.Tensor) -> dict[str, float]:
+    """The KL, entropy and reference-NLL statistics of a batch of sampled responses.
+
+    KL is ``KL(pi_theta || pi_ref)`` along the sampled prefixes: ``kl_exact_*`` sums over the
+    vocabulary at every position (:func:`exact_token_kl`), ``k1_*`` and ``k3_*`` use only the
+    sampled tokens (:func:`kl_per_token`); ``*_seq`` are sums over a response's tokens
+    averaged over the batch, ``*_token`` means over all response tokens. ``entropy_*`` is the
+    policy's entropy per position, ``ref_nll_token`` the mean ``-log pi_ref`` of the sampled
+    tokens, ``response_length`` the mean number of real tokens, ``kl_exact_seq_se`` and
+    ``k1_seq_se`` the standard errors of the two sequence means (:func:`standard_error`).
+    The PPO and GRPO loops log these.
+    """
+    mask = check_mask(response_mask, logprobs.shape)
+    exact = exact_token_kl(logits, ref_logits, mask)
+    k1 = kl_per_token(logprobs, ref_logprobs, "k1")
+    k3 = kl_per_token(logprobs, ref_logprobs, "k3")
+    logp = torch.log_softmax(logits, -1)
+    ent = -(logp.exp() * logp).sum(-1)
+    exact_seq = sequence_sum(exact, mask).double()
+    k1_seq = sequence_sum(k1, mask).double()
+    return {
+        "kl_exact_seq": float(exact_seq.mean()),
+        "kl_exact_token": float(masked_mean(exact, mask)),
+        "k1_seq": float(k1_seq.mean()),
+        "k1_token": float(masked_mean(k1, mask)),
+        "k3_seq": float(sequence_sum(k3, mask).mean()),
+        "k3_token": float(masked_mean(k3, mask)),
+        "entropy_token": float(masked_mean(ent, mask)),
+        "entropy_seq": float(sequence_sum(ent, mask).mean()),
+        "ref_nll_token": float(-masked_mean(ref_logprobs, mask)),
+        "response_length": float(mask.float().sum(1).mean()),
+        "kl_exact_seq_se": standard_error(exact_seq),
+        "k1_seq_se": standard_error(k1_seq),
+    }
 
 
 def token_logprobs(
@@ -288,8 +276,8 @@ def gae_unmasked(
         ``(advantages, returns)``, both [B, T], ``returns = advantages + values``; the caller
         masks them.
     """
-    _check_logprobs("rewards", rewards)
-    _check_logprobs("values", values)
+    check_batch_tensor("rewards", rewards)
+    check_batch_tensor("values", values)
     if values.shape != rewards.shape:
         raise ValueError(f"values: shape {tuple(values.shape)} does not match rewards shape "
                          f"{tuple(rewards.shape)}")

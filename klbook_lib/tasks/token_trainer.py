@@ -59,12 +59,10 @@ def score_table() -> torch.Tensor:
 
 
 def _index(tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    sp = space()
-    keys = seqkl._keys_of(tokens.long(), mask.bool(), V)
-    pos = torch.searchsorted(sp._keys, keys).clamp(max=len(sp._keys) - 1)
-    if not bool((sp._keys[pos] == keys).all()):
-        raise ValueError("tokens, mask: not responses of the toy problem")
-    return sp._order[pos]
+    try:
+        return space().index_of(tokens, mask)
+    except ValueError:
+        raise ValueError("tokens, mask: not responses of the toy problem") from None
 
 
 def scores(tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
