@@ -52,6 +52,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 from ..divergences import kl_from_log_probs
 from . import data as D
+from . import rewards as R
 from .checks import check_logits_pair, check_mask
 from .models import train_sft
 from .pipeline import atomic_build, cache_dir_for, cached_json
@@ -64,6 +65,10 @@ __all__ = [
 ]
 
 METHODS = ("forward_kl", "reverse_kl", "gkd_jsd")
+# the student's default shape, and the code every cached student depends on
+STUDENT_SHAPE = dict(n_layer=1, n_embd=32, n_head=2)
+_HERE = Path(__file__).parent
+_STUDENT_CODE = (_HERE / "distill.py", _HERE / "ppo.py", _HERE / "models.py")
 _KINDS = ("forward", "reverse", "jsd")
 
 
@@ -342,11 +347,10 @@ def train_student(pipe, method: str, config: DistillConfig | None = None, seed: 
     cfg = copy.copy(config) if config is not None else DistillConfig()
     cfg.method = method
     cfg.check()
-    shape = {**dict(n_layer=1, n_embd=32, n_head=2), **(student_shape or {})}
+    shape = {**STUDENT_SHAPE, **(student_shape or {})}
     if not isinstance(warm_start_steps, int) or warm_start_steps < 0:
         raise ValueError(f"warm_start_steps: must be a non-negative integer, got {warm_start_steps!r}")
-    here = Path(__file__).parent
-    code = [here / "distill.py", here / "ppo.py", here / "models.py"]
+    code = _STUDENT_CODE
 
     def warm():
         student = make_student(pipe.tokenizer, seed=0, **shape)
@@ -382,9 +386,8 @@ def train_student(pipe, method: str, config: DistillConfig | None = None, seed: 
 
 def load_student_init(pipe, student_shape: dict | None = None, warm_start_steps: int = 0):
     """The shared starting student of :func:`train_student` (built and cached on first use)."""
-    shape = {**dict(n_layer=1, n_embd=32, n_head=2), **(student_shape or {})}
-    here = Path(__file__).parent
-    code = [here / "distill.py", here / "ppo.py", here / "models.py"]
+    shape = {**STUDENT_SHAPE, **(student_shape or {})}
+    code = _STUDENT_CODE
     init_dir = cache_dir_for("student-init", pipe, dict(shape=shape, warm=warm_start_steps), code)
     if not (init_dir / "meta.json").exists():
         train_student(pipe, "forward_kl", config=DistillConfig(steps=1), student_shape=student_shape,
@@ -429,7 +432,7 @@ def _nll_and_kl(model_a, model_b, rollout):
     nll_a = -torch.where(mask, logp, torch.zeros_like(logp)).sum(1)
     logp_b = torch.log_softmax(lb, -1).gather(-1, rollout.response_ids.unsqueeze(-1)).squeeze(-1)
     nll_b = -torch.where(mask, logp_b, torch.zeros_like(logp_b)).sum(1)
-    kl = token_divergence(lb, la, mask, "forward").sum(1)     # "forward" = KL(teacher arg || student arg) = KL(a || b)
+    kl = R.sequence_sum(R.exact_token_kl(la, lb, mask), mask)          # sum_t KL(a(.|s_t) || b(.|s_t))
     logq = torch.log_softmax(la, -1)
     ent = -(logq.exp() * logq).sum(-1)
     ent = torch.where(mask, ent, torch.zeros_like(ent)).sum(1)
@@ -505,10 +508,9 @@ def student_report(pipe, method: str, config: DistillConfig | None = None, seed:
     cfg = copy.copy(config) if config is not None else DistillConfig()
     cfg.method = method
     cfg.check()
-    shape = {**dict(n_layer=1, n_embd=32, n_head=2), **(student_shape or {})}
+    shape = {**STUDENT_SHAPE, **(student_shape or {})}
     settings = dict(method=method, config=asdict(cfg), seed=int(seed), shape=shape, warm=warm_start_steps,
                     n_eval=int(n_eval), eval_seed=int(eval_seed))
-    here = Path(__file__).parent
 
     def compute() -> dict:
         student, hist = train_student(pipe, method, config=cfg, seed=seed, student_shape=shape,
@@ -518,4 +520,4 @@ def student_report(pipe, method: str, config: DistillConfig | None = None, seed:
         return {"history": hist, "eval": ev}
 
     return cached_json("student-report", pipe, settings, compute,
-                       [here / "distill.py", here / "ppo.py", here / "models.py"])
+                       _STUDENT_CODE)
