@@ -227,7 +227,7 @@ def secrets(student_files: dict | None = None) -> dict:
     from klbook_lib.grading import student
     from klbook_lib.grading.hidden import bank
 
-    student_files = student_files if student_files is not None else student._outputs()
+    student_files = student_files if student_files is not None else student.outputs()
     public = _public_texts(student_files)
     public_joined = "\n".join(public)
     public_numbers = _numbers(public_joined)
@@ -245,8 +245,8 @@ def secrets(student_files: dict | None = None) -> dict:
                 lines.add(s)
                 lines.add(s.split("  #")[0].rstrip())
     for module in sorted((REPO / "klbook_lib" / "grading" / "hidden").glob("*.py")):
-        if module.name in ("__init__.py", "bank.py"):    # the questions, not their answers
-            continue
+        if module.name in ("__init__.py", "bank.py", "questions.py"):   # the questions, not
+            continue                                                     # their answers
         ref = module.read_text(encoding="utf-8")
         for node in ast.walk(ast.parse(ref)):    # what the reference functions return: the
             if isinstance(node, ast.Return):     # formulas (set-up lines are too generic)
@@ -330,7 +330,7 @@ def release(outdir: str | os.PathLike) -> ReleaseReport:
                            "(and not contain it)")
     files, left_out = select_files(REPO)
     generated = {Path(p).relative_to(REPO).as_posix(): text
-                 for p, text in student._outputs().items()}
+                 for p, text in student.outputs().items()}
     regenerated = []
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".klbook-release-", dir=out.parent))

@@ -161,7 +161,7 @@ def public_cases() -> dict:
     return data
 
 
-def _outputs() -> dict[Path, str]:
+def outputs() -> dict[Path, str]:
     """Every generated file and its text."""
     from klbook_lib.grading.hidden import bank
 
@@ -177,7 +177,7 @@ def _outputs() -> dict[Path, str]:
 
 def stale_files() -> list[Path]:
     """Generated files that are missing or differ from what the masters produce."""
-    return [p for p, text in _outputs().items()
+    return [p for p, text in outputs().items()
             if not p.is_file() or p.read_text(encoding="utf-8") != text]
 
 
@@ -185,7 +185,7 @@ def make_student(check: bool = False) -> list[Path]:
     """Write the generated files (or, with ``check``, only report stale ones)."""
     stale = stale_files()
     if not check:
-        for p, text in _outputs().items():
+        for p, text in outputs().items():
             if p in stale:
                 p.write_text(text, encoding="utf-8")
     return stale

@@ -5,11 +5,13 @@ The reference solutions are written here independently of the chapter's library
 reference is the gradient that autograd computes on the enumerated sequences
 (``klbook_lib.seqkl``): the student derives it by hand, the grader checks it against the
 exact one. ``tests/test_ex11_sequence.py`` checks every reference against a second,
-independent computation. Registered in ``bank._BUILDERS`` by :func:`questions`.
+independent computation. Registered in :mod:`klbook_lib.grading.hidden.bank`.
 """
 from __future__ import annotations
 
 import numpy as np
+
+from klbook_lib.grading.hidden.questions import Question, hid, pub
 
 EXERCISE = "ex11_sequence_kl_grpo"
 ADV_EPS = 1e-4
@@ -99,42 +101,40 @@ def _mask(rng, B, T, left=False):
 
 
 def questions() -> list:
-    from klbook_lib.grading.hidden.bank import Question, _hid, _pub
-
     A = np.array
     rng = np.random.default_rng(1111_2)
     adv = [
-        _pub(A([1.0, 0.0, 0.0, 0.0]), A([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]], float), 4,
+        pub(A([1.0, 0.0, 0.0, 0.0]), A([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]], float), 4,
              why="one group, one success, right padding"),
-        _pub(A([1.0, 1.0, 0.5, 0.0]), A([[1, 1], [1, 0], [1, 1], [0, 1]], float), 2,
+        pub(A([1.0, 1.0, 0.5, 0.0]), A([[1, 1], [1, 0], [1, 1], [0, 1]], float), 2,
              why="two groups; the first has equal rewards"),
-        _hid(rng.normal(size=8), _mask(rng, 8, 6), 4, probe="real-valued rewards, two groups"),
-        _hid(rng.integers(0, 2, 24).astype(float), _mask(rng, 24, 9), 8, probe="binary rewards, groups of 8"),
-        _hid(rng.normal(size=9), _mask(rng, 9, 5, left=True), 3, probe="left padding"),
-        _hid(A([0.0, 0.0, 0.0, 3.0, 3.0, 3.0]), _mask(rng, 6, 4), 3, probe="every group constant: all zero"),
+        hid(rng.normal(size=8), _mask(rng, 8, 6), 4, probe="real-valued rewards, two groups"),
+        hid(rng.integers(0, 2, 24).astype(float), _mask(rng, 24, 9), 8, probe="binary rewards, groups of 8"),
+        hid(rng.normal(size=9), _mask(rng, 9, 5, left=True), 3, probe="left padding"),
+        hid(A([0.0, 0.0, 0.0, 3.0, 3.0, 3.0]), _mask(rng, 6, 4), 3, probe="every group constant: all zero"),
     ]
     junk = _mask(rng, 5, 7)
     lp_junk = np.where(junk > 0, rng.uniform(-4, -0.1, (5, 7)), -np.inf)
     lq_junk = np.where(junk > 0, lp_junk + rng.normal(0, 1, (5, 7)), 0.0)
     kl = [
-        _pub(A([[-1.0, -2.0, 0.0]]), A([[-1.0, -2.0, 0.0]]), A([[1.0, 1.0, 0.0]]), "sequence_mean", 3,
+        pub(A([[-1.0, -2.0, 0.0]]), A([[-1.0, -2.0, 0.0]]), A([[1.0, 1.0, 0.0]]), "sequence_mean", 3,
              why="policy equals reference: 0"),
-        _pub(A([[-1.0, -0.5], [-2.0, 0.0]]), A([[-0.5, -1.0], [-1.0, 0.0]]), A([[1.0, 1.0], [1.0, 0.0]]),
+        pub(A([[-1.0, -0.5], [-2.0, 0.0]]), A([[-0.5, -1.0], [-1.0, 0.0]]), A([[1.0, 1.0], [1.0, 0.0]]),
              "sequence_mean", 2, why="GRPO: per-sequence mean, then mean"),
-        _pub(A([[-1.0, -0.5], [-2.0, 0.0]]), A([[-0.5, -1.0], [-1.0, 0.0]]), A([[1.0, 1.0], [1.0, 0.0]]),
+        pub(A([[-1.0, -0.5], [-2.0, 0.0]]), A([[-0.5, -1.0], [-1.0, 0.0]]), A([[1.0, 1.0], [1.0, 0.0]]),
              "token_mean", 2, why="DAPO: mean over all real tokens"),
-        _pub(A([[-1.0, -0.5], [-2.0, 0.0]]), A([[-0.5, -1.0], [-1.0, 0.0]]), A([[1.0, 1.0], [1.0, 0.0]]),
+        pub(A([[-1.0, -0.5], [-2.0, 0.0]]), A([[-0.5, -1.0], [-1.0, 0.0]]), A([[1.0, 1.0], [1.0, 0.0]]),
              "constant", 4, why="Dr. GRPO: sum / (B * max_tokens)"),
     ]
     for agg in AGGREGATIONS:
         m = _mask(rng, 6, 8)
         lp = rng.uniform(-5, -0.05, (6, 8))
-        kl.append(_hid(lp, lp + rng.normal(0, 0.7, (6, 8)), m, agg, 10, probe=f"{agg}, padded batch"))
-        kl.append(_hid(lp_junk, lq_junk, junk, agg, 7, probe=f"{agg}, -inf on the pads"))
+        kl.append(hid(lp, lp + rng.normal(0, 0.7, (6, 8)), m, agg, 10, probe=f"{agg}, padded batch"))
+        kl.append(hid(lp_junk, lq_junk, junk, agg, 7, probe=f"{agg}, -inf on the pads"))
     grad = [
-        _pub(np.zeros((3, 2)), np.zeros((3, 2)), why="pi_theta = pi_ref: zero gradient"),
-        _pub(A([[1.0, 0.0], [0.0, 0.0], [0.5, -0.5]]), np.zeros((3, 2)), why="two tokens, uniform reference"),
-    ] + [_hid(rng.normal(0, 1.5, (V + 1, V)), rng.normal(0, 1.0, (V + 1, V)), probe=f"random policies, V = {V}")
+        pub(np.zeros((3, 2)), np.zeros((3, 2)), why="pi_theta = pi_ref: zero gradient"),
+        pub(A([[1.0, 0.0], [0.0, 0.0], [0.5, -0.5]]), np.zeros((3, 2)), why="two tokens, uniform reference"),
+    ] + [hid(rng.normal(0, 1.5, (V + 1, V)), rng.normal(0, 1.0, (V + 1, V)), probe=f"random policies, V = {V}")
          for V in (2, 3, 3, 5)]
     return [
         Question("q1", "Group-relative advantages with padding", "function", "grpo_token_advantages", 3,

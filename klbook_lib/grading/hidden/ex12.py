@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from klbook_lib.grading.hidden.bank import _simplex
+from klbook_lib.grading.hidden.questions import Question, hid, pub, simplex
 
 EXERCISE = "ex12_overoptimisation_distillation"
 
@@ -84,46 +84,43 @@ def fit_bon_and_peak(n_values=Q4_N, gold=Q4_GOLD) -> list[float]:
 # ----------------------------------------------------------------------------- questions
 
 def questions():
-    # imported here: bank imports this module lazily, from inside its registry
-    from klbook_lib.grading.hidden.bank import Question, _hid, _pub
-
     A = np.array
     rng = np.random.default_rng(1212)
     kl_cases = [
-        _pub(A([0.25, 0.25, 0.25, 0.25]), A([1.0, 2.0, 3.0, 4.0]), 2, why="four equal atoms, best of 2"),
-        _pub(A([0.5, 0.5]), A([1.0, 1.0]), 3, why="a tie between all outcomes: KL 0"),
-        _pub(A([0.5, 0.25, 0.25]), A([9.0, 1.0, 2.0]), 8, why="half the mass on the best outcome"),
-        _hid(_simplex(rng, 6), rng.normal(size=6), 1),
-        _hid(_simplex(rng, 8), rng.integers(0, 3, 8).astype(float), 4),        # many ties
-        _hid(_simplex(rng, 7, zeros=2), rng.normal(size=7), 5),                # outcomes of probability 0
-        _hid(np.full(50, 0.02), np.arange(50.0), 16),
-        _hid(_simplex(rng, 5), A([3.0, 3.0, 1.0, 0.0, 3.0]), 64),
+        pub(A([0.25, 0.25, 0.25, 0.25]), A([1.0, 2.0, 3.0, 4.0]), 2, why="four equal atoms, best of 2"),
+        pub(A([0.5, 0.5]), A([1.0, 1.0]), 3, why="a tie between all outcomes: KL 0"),
+        pub(A([0.5, 0.25, 0.25]), A([9.0, 1.0, 2.0]), 8, why="half the mass on the best outcome"),
+        hid(simplex(rng, 6), rng.normal(size=6), 1),
+        hid(simplex(rng, 8), rng.integers(0, 3, 8).astype(float), 4),        # many ties
+        hid(simplex(rng, 7, zeros=2), rng.normal(size=7), 5),                # outcomes of probability 0
+        hid(np.full(50, 0.02), np.arange(50.0), 16),
+        hid(simplex(rng, 5), A([3.0, 3.0, 1.0, 0.0, 3.0]), 64),
     ]
     pool_cases = [
-        _pub(A([0.3, 0.1, 0.9, 0.5]), A([1.0, 2.0, 3.0, 4.0]), 2, why="a pool of four, best of two"),
-        _pub(A([0.3, 0.1, 0.9, 0.5]), A([1.0, 2.0, 3.0, 4.0]), 4, why="n = m: the pick is the argmax"),
-        _pub(A([0.3, 0.1, 0.9]), A([1.0, 2.0, 3.0]), 1, why="n = 1: the plain mean"),
+        pub(A([0.3, 0.1, 0.9, 0.5]), A([1.0, 2.0, 3.0, 4.0]), 2, why="a pool of four, best of two"),
+        pub(A([0.3, 0.1, 0.9, 0.5]), A([1.0, 2.0, 3.0, 4.0]), 4, why="n = m: the pick is the argmax"),
+        pub(A([0.3, 0.1, 0.9]), A([1.0, 2.0, 3.0]), 1, why="n = 1: the plain mean"),
     ]
     for m, n in ((10, 3), (20, 1), (20, 7), (15, 15), (30, 12)):
-        pool_cases.append(_hid(rng.permutation(m) + rng.random(m) * 0.5, rng.normal(size=m), n))
+        pool_cases.append(hid(rng.permutation(m) + rng.random(m) * 0.5, rng.normal(size=m), n))
     B, T, V = 3, 5, 6
     mask_right = A([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 0, 0, 0, 0]], dtype=float)
     mask_left = A([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 0, 0, 0, 1]], dtype=float)
     seq_cases = [
-        _pub(A([[[0.0, 0.0]]]), A([[[0.0, 0.0]]]), A([[1.0]]), why="identical distributions: 0"),
-        _pub(A([[[1.0, 0.0], [0.0, 0.0]]]), A([[[0.0, 1.0], [5.0, -5.0]]]), A([[1.0, 0.0]]),
+        pub(A([[[0.0, 0.0]]]), A([[[0.0, 0.0]]]), A([[1.0]]), why="identical distributions: 0"),
+        pub(A([[[1.0, 0.0], [0.0, 0.0]]]), A([[[0.0, 1.0], [5.0, -5.0]]]), A([[1.0, 0.0]]),
              why="the second position is a pad"),
-        _pub(rng.normal(0, 1, (2, 3, 4)), rng.normal(0, 1, (2, 3, 4)), A([[1, 1, 1], [1, 1, 0]], dtype=float),
+        pub(rng.normal(0, 1, (2, 3, 4)), rng.normal(0, 1, (2, 3, 4)), A([[1, 1, 1], [1, 1, 0]], dtype=float),
              why="two rows, right padding"),
     ]
     for mask, scale in ((mask_right, 1.0), (mask_left, 3.0)):
         s, t = rng.normal(0, scale, (B, T, V)), rng.normal(0, scale, (B, T, V))
         s[mask == 0] = 500.0                                   # whatever the pads hold must not count
         t[mask == 0] = -500.0
-        seq_cases.append(_hid(s, t, mask))
-    seq_cases.append(_hid(A([[[800.0, 0.0, -800.0], [0.0, 0.0, 0.0]]]), A([[[0.0, 0.0, 0.0], [700.0, 0.0, 1.0]]]),
+        seq_cases.append(hid(s, t, mask))
+    seq_cases.append(hid(A([[[800.0, 0.0, -800.0], [0.0, 0.0, 0.0]]]), A([[[0.0, 0.0, 0.0], [700.0, 0.0, 1.0]]]),
                           A([[1.0, 1.0]])))
-    seq_cases.append(_hid(rng.normal(0, 2, (4, 7, 3)), rng.normal(0, 2, (4, 7, 3)),
+    seq_cases.append(hid(rng.normal(0, 2, (4, 7, 3)), rng.normal(0, 2, (4, 7, 3)),
                           (np.arange(7)[None, :] < A([[7], [3], [1], [5]])).astype(float)))
     return [
         Question("q1", "The exact KL of best-of-n", "function", "bon_kl", 4, bon_kl, tuple(kl_cases),

@@ -10,6 +10,8 @@ import math
 import numpy as np
 from scipy import optimize
 
+from klbook_lib.grading.hidden.questions import Question, hid, pub
+
 EXERCISE = "ex13_kl_as_a_tool"
 GAUGE_TARGET = 0.5          # nats, question 3
 
@@ -52,29 +54,26 @@ def gauge_probability(target: float = GAUGE_TARGET) -> float:
 # ----------------------------------------------------------------------------- questions
 
 def questions():
-    # imported here: bank imports this module lazily, from inside its registry
-    from klbook_lib.grading.hidden.bank import Question, _hid, _pub
-
     A = np.array
     rng = np.random.default_rng(1313)
     gauge_cases = [
-        _pub(A([[0.0, 0.0, 0.0]]), why="the uniform policy: 0"),
-        _pub(A([[2.0, 0.0], [0.0, 2.0]]), why="two rows, two actions"),
-        _pub(A([[1000.0, 0.0, 0.0, 0.0]]), why="huge logits: nearly deterministic, log 4"),
-    ] + [_hid(rng.normal(0, s, (5, k))) for s, k in ((1.0, 3), (5.0, 6), (30.0, 10))] + [
-        _hid(A([[-700.0, 700.0, 0.0], [1e-3, 0.0, -1e-3]])),
-        _hid(rng.normal(0, 2, (2, 3, 4))),
-        _hid(A([[5.0, 5.0, 5.0, 5.0, 5.0]])),
+        pub(A([[0.0, 0.0, 0.0]]), why="the uniform policy: 0"),
+        pub(A([[2.0, 0.0], [0.0, 2.0]]), why="two rows, two actions"),
+        pub(A([[1000.0, 0.0, 0.0, 0.0]]), why="huge logits: nearly deterministic, log 4"),
+    ] + [hid(rng.normal(0, s, (5, k))) for s, k in ((1.0, 3), (5.0, 6), (30.0, 10))] + [
+        hid(A([[-700.0, 700.0, 0.0], [1e-3, 0.0, -1e-3]])),
+        hid(rng.normal(0, 2, (2, 3, 4))),
+        hid(A([[5.0, 5.0, 5.0, 5.0, 5.0]])),
     ]
     avg_cases = [
-        _pub(A([[1.0, 4.0], [1.0, 4.0], [5.0, 4.0], [5.0, 0.0]]),
+        pub(A([[1.0, 4.0], [1.0, 4.0], [5.0, 4.0], [5.0, 0.0]]),
              A([[0, 0], [1, 0], [0, 0], [0, 0]]), why="one episode ends in copy 1"),
-        _pub(A([[1.0, 2.0, 3.0]]), A([[1, 1, 1]]), why="one step, every copy finishes"),
-        _pub(A([[2.0], [4.0], [6.0]]), A([[0], [0], [0]]), why="nothing ends: the plain mean"),
+        pub(A([[1.0, 2.0, 3.0]]), A([[1, 1, 1]]), why="one step, every copy finishes"),
+        pub(A([[2.0], [4.0], [6.0]]), A([[0], [0], [0]]), why="nothing ends: the plain mean"),
     ]
     for T, N, p in ((8, 4, 0.3), (5, 6, 0.6), (12, 2, 0.15), (3, 3, 1.0)):
-        avg_cases.append(_hid(rng.random((T, N)), (rng.random((T, N)) < p).astype(float)))
-    avg_cases.append(_hid(A([[1.0], [2.0], [3.0], [10.0]]), A([[0], [0], [1], [0]])))
+        avg_cases.append(hid(rng.random((T, N)), (rng.random((T, N)) < p).astype(float)))
+    avg_cases.append(hid(A([[1.0], [2.0], [3.0], [10.0]]), A([[0], [0], [1], [0]])))
     return [
         Question("q1", "The exploration gauge", "function", "kl_to_uniform", 3,
                  kl_to_uniform, tuple(gauge_cases), rtol=1e-6, atol=1e-9),
