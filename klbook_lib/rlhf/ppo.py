@@ -41,7 +41,7 @@ from ..estimators import k3_from_log_ratio
 from . import data as _data
 from . import rewards as R
 from .checks import check_prompts
-from .models import ScalarHeadModel, disable_dropout, lm_logits
+from .models import ScalarHeadModel, disable_dropout, lm_logits, position_ids_from_mask
 
 
 
@@ -107,6 +107,7 @@ class Rollout:
     response_ids: torch.Tensor   # [B, N]
     response_mask: torch.Tensor  # [B, N], 1 on real response tokens (EOS included)
     has_eos: torch.Tensor        # [B] bool
+    logits: torch.Tensor | None = None   # [B, N, V] sampling logits / T (keep_logits=True)
 
 
 def encode_prompts(tokenizer, prompts: Sequence[str], device: str | torch.device = "cpu"):
@@ -123,16 +124,48 @@ def encode_prompts(tokenizer, prompts: Sequence[str], device: str | torch.device
     return ids.to(device), mask.to(device)
 
 
+class _NextTokenLogits:
+    """Next-token logits ``[B, V]`` of ``policy`` after ``(ids, mask)``, step by step.
+
+    With ``use_cache`` the prompt is run once and every later step feeds only the newest
+    token, with the keys and values of the earlier ones from transformers' own cache
+    (``cache=``, formerly ``past_key_values``; transformers 5.24), the full attention mask
+    (left pads stay masked) and explicit position ids (a left-padded row's first real token is position 0, exactly as
+    :func:`~klbook_lib.rlhf.models.lm_logits` counts them). Without it every step recomputes
+    the whole prefix (the sampler as it was before the cache; kept for the benchmark).
+    """
+
+    def __init__(self, policy, use_cache: bool):
+        self.policy, self.use_cache, self.past = policy, use_cache, None
+
+    def __call__(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        if not self.use_cache:
+            return lm_logits(self.policy, ids, mask)[:, -1]
+        pos = position_ids_from_mask(mask)
+        new = slice(None) if self.past is None else slice(-1, None)   # prompt, then one token
+        out = self.policy(input_ids=ids[:, new], attention_mask=mask, position_ids=pos[:, new],
+                          cache=self.past, use_cache=True, logits_to_keep=1)
+        self.past = out.cache
+        return out.logits[:, -1]
+
+
 @torch.no_grad()
 def sample_responses(policy, tokenizer, prompts: Sequence[str], max_new_tokens: int = 16,
                      temperature: float = 1.0, generator: torch.Generator | None = None,
-                     dist=None) -> Rollout:
+                     dist=None, use_cache: bool = True, keep_logits: bool = False) -> Rollout:
     """Sample one response per prompt from ``softmax(logits / temperature)``, token by token.
 
     No top-k or top-p truncation (``generate(do_sample=True)`` in transformers 5 silently
     applies ``top_k=50``). Tokens after a row's EOS are pads with mask 0. With ``dist``
     (:class:`~klbook_lib.rlhf.distributed.DataParallel`), ``prompts`` are this rank's block
     of the global batch and the draws are that block's rows of the global batch's draws.
+
+    ``use_cache`` (default) keeps the keys and values of the prefix (a KV cache) instead of
+    recomputing the whole prefix for every token; the logits agree with the uncached
+    sampler's to float rounding, so the same generator draws the same tokens
+    (``tests/test_rlhf_seeds.py``). ``keep_logits`` stores the sampling logits (divided by
+    ``temperature``) as ``rollout.logits`` ``[B, N, V]``: they are ``log pi_theta``'s logits
+    of the sampled tokens, which PPO's ``log pi_old`` can reuse (:func:`ppo_step`).
     """
     if not temperature > 0:
         raise ValueError(f"temperature: must be positive, got {temperature!r}")
@@ -144,8 +177,12 @@ def sample_responses(policy, tokenizer, prompts: Sequence[str], max_new_tokens: 
     B = ids.shape[0]
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     done = torch.zeros(B, dtype=torch.bool, device=device)
+    next_logits = _NextTokenLogits(policy, use_cache)
+    kept = []
     for _ in range(max_new_tokens):
-        logits = lm_logits(policy, ids, mask)[:, -1].float() / temperature
+        logits = next_logits(ids, mask).float() / temperature
+        if keep_logits:
+            kept.append(logits)
         probs = torch.softmax(logits, dim=-1)
         if dist is None:
             tok = torch.multinomial(probs.cpu(), 1, generator=generator).squeeze(1).to(device)
@@ -164,7 +201,10 @@ def sample_responses(policy, tokenizer, prompts: Sequence[str], max_new_tokens: 
     for i in range(B):
         toks = [t for t, m in zip(response_ids[i].tolist(), response_mask[i].tolist()) if m and t != eos]
         texts.append(tokenizer.decode(toks))
-    return Rollout(list(prompts), texts, ids, mask, P, response_ids, response_mask, has_eos)
+    ro = Rollout(list(prompts), texts, ids, mask, P, response_ids, response_mask, has_eos)
+    if keep_logits:
+        ro.logits = torch.stack(kept, dim=1)
+    return ro
 
 
 def response_logits(model, rollout: Rollout, temperature: float = 1.0) -> torch.Tensor:
@@ -288,8 +328,10 @@ def ppo_step(policy, ref_model, reward_model, value_model, ro: Rollout, beta: fl
     B = len(ro.prompts)
     cur_beta = float(beta)
     with torch.no_grad():
+        # pi_old's logits: the sampler's own when it kept them (sample_responses(keep_logits=True))
+        old_logits = ro.logits if ro.logits is not None else response_logits(policy, ro, cfg.temperature)
         stats, old_lp, ref_lp, scores = _measure_from_logits(
-            response_logits(policy, ro, cfg.temperature), response_logits(ref_model, ro, cfg.temperature),
+            old_logits, response_logits(ref_model, ro, cfg.temperature),
             reward_model, ro, cfg.missing_eos_score)
         if dist is not None:    # the statistics of the global batch
             stats = dist.reduce_stats(stats, ro.responses)
@@ -361,7 +403,7 @@ def train_ppo(policy, ref_model, reward_model: ScalarHeadModel, value_model: Sca
               prompts: Sequence[str], iterations: int = 60, beta: float = 0.1, controller=None,
               config: PPOConfig | None = None, seed: int = 0, progress: bool = True,
               checkpoint_dir: str | os.PathLike | None = None, checkpoint_every: int = 0,
-              dist=None) -> list[dict]:
+              dist=None, sampler_cache: bool = True, reuse_sample_logits: bool = False) -> list[dict]:
     """Run ``iterations`` PPO-RLHF iterations in place on ``policy`` and ``value_model``.
 
     ``beta`` is a fixed KL coefficient; a ``controller`` (e.g.
@@ -379,6 +421,11 @@ def train_ppo(policy, ref_model, reward_model: ScalarHeadModel, value_model: Sca
     data-parallel: ``cfg.batch_size`` and ``cfg.minibatch_size`` are global (multiples of
     the world size), every rank samples its block of the prompts, the history and the
     controller see the global statistics, and rank 0 alone writes checkpoints.
+
+    ``sampler_cache`` (default on) samples with the KV cache (the same tokens as without it,
+    :func:`sample_responses`); ``reuse_sample_logits`` takes ``log pi_old`` from the
+    sampler's logits instead of a second forward pass of the policy (equal to float
+    rounding; off by default so that the chapters' numbers stay as they were).
     """
     cfg = (config or PPOConfig()).check()
     if dist is not None:
@@ -410,7 +457,8 @@ def train_ppo(policy, ref_model, reward_model: ScalarHeadModel, value_model: Sca
             idx = dist.shard(idx)
         batch_prompts = [prompts[i] for i in idx]
         policy.eval()
-        ro = sample_responses(policy, tokenizer, batch_prompts, cfg.max_new_tokens, cfg.temperature, gen, dist=dist)
+        ro = sample_responses(policy, tokenizer, batch_prompts, cfg.max_new_tokens, cfg.temperature, gen,
+                              dist=dist, use_cache=sampler_cache, keep_logits=reuse_sample_logits)
         cur_beta = _controller_value(beta, controller)
         stats, diag = ppo_step(pi_train, ref_model, reward_model, v_train, ro, cur_beta, cfg,
                                opt_pi, opt_v, gen, dist=dist)

@@ -1,0 +1,138 @@
+"""Many seeds of the tiny GPT-2 PPO-RLHF for the price of a few.
+
+The book's seed standard (AUTHORING.md) asks for ten seeds per arm. :func:`train_seeds`
+trains ``K`` seeds of :func:`klbook_lib.rlhf.ppo.train_ppo` in one process and returns ``K``
+histories; :func:`seed_benchmark` times it against the same seeds run one after another
+the way the chapters ran them before (``python -m klbook_lib.bench seeds`` calls it).
+
+Where the time goes (``torch.profiler``/cProfile, preset ``tiny``, batch 64, one thread,
+see the README): about 30 % in the sampler, which recomputed the whole prefix for every
+new token, and 70 % in the PPO update (forward and backward passes of the policy and the
+value model, and the scoring passes of ``pi_ref`` and the reward model). Those passes are
+bound by matrix products (about 60 % of a forward-backward) and elementwise work (GELU
+about a quarter of a forward); a single-thread matrix product here runs *slower* per
+flop when ``K`` seeds are stacked into one (about 85 GFLOP/s at 448 rows against about
+40 GFLOP/s at 4480 rows or as a ``bmm`` of ten), so stacking the seeds of the update
+into one batched computation (``torch.func.vmap`` over ``functional_call``, or one big
+batch for the shared ``pi_ref`` and reward model) does not pay on this CPU. What pays:
+
+* the KV cache in the sampler (:func:`~klbook_lib.rlhf.ppo.sample_responses`, same tokens);
+* ``log pi_old`` from the sampler's own logits instead of one more forward pass
+  (``reuse_sample_logits``; equal to float rounding);
+* the fused tanh-GELU kernel (``torch.nn.functional.gelu(approximate="tanh")``, the
+  same function as GPT-2's ``gelu_new`` up to float rounding) in place of the five
+  elementwise operations of ``gelu_new``.
+
+A seed of :func:`train_seeds` with ``fast=True`` reproduces that seed trained alone
+with the same settings exactly (the seeds share no random state and no computation), and
+agrees with :func:`klbook_lib.rlhf.ppo.run_rlhf` to float rounding
+(``tests/test_rlhf_seeds.py``).
+"""
+from __future__ import annotations
+
+import copy
+import time
+from typing import Sequence
+
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from .checks import check_prompts
+from .ppo import PPOConfig, train_ppo
+
+
+def use_fused_gelu(model: nn.Module) -> nn.Module:
+    """Replace GPT-2's ``gelu_new`` modules of ``model`` by the fused tanh-GELU, in place.
+
+    ``gelu_new`` computes ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`` in five
+    elementwise operations; ``torch.nn.functional.gelu(x, approximate="tanh")`` computes
+    the same formula in one kernel (equal to float rounding, and faster forward and
+    backward). Returns ``model``.
+    """
+    from transformers.activations import GELUTanh, NewGELUActivation
+
+    for module in model.modules():
+        for name, child in module.named_children():
+            if isinstance(child, NewGELUActivation):
+                setattr(module, name, GELUTanh())
+    return model
+
+
+def _check_seeds(seeds: Sequence[int]) -> list[int]:
+    if isinstance(seeds, (str, bytes)) or not all(isinstance(s, int) for s in seeds):
+        raise ValueError(f"seeds: must be a sequence of integers, got {seeds!r}")
+    seeds = list(seeds)
+    if not seeds:
+        raise ValueError("seeds: need at least one seed")
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds: must be distinct, got {seeds}")
+    return seeds
+
+
+def train_seeds(pipeline, seeds: Sequence[int], beta: float = 0.1, steps: int = 30,
+                config: PPOConfig | None = None, fast: bool = True, progress: bool = False,
+                prompts: Sequence[str] | None = None) -> list[list[dict]]:
+    """Train one PPO-RLHF run per seed in ``seeds`` from the pipeline's ``pi_ref``; return
+    the ``K`` histories (one list of per-iteration dicts per seed, as ``train_ppo`` returns).
+
+    Each run starts like :func:`klbook_lib.rlhf.ppo.run_rlhf`: the policy a copy of
+    ``pi_ref``, the value model a copy of the reward model, fixed ``beta``. ``fast=True``
+    switches every speed-up on (sampler KV cache, ``log pi_old`` from the sampler, the
+    fused GELU on private copies of all four models); ``fast=False`` is the code as the
+    chapters ran it before these speed-ups (sampler cache off), seed after seed.
+    """
+    seeds = _check_seeds(seeds)
+    if not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps: must be a positive integer, got {steps!r}")
+    prompts = check_prompts(pipeline, prompts)
+    cfg = config or PPOConfig()
+    ref_model, reward_model = pipeline.ref_model, pipeline.reward_model
+    if fast:    # private copies: the pipeline's models stay as they are
+        ref_model = use_fused_gelu(copy.deepcopy(ref_model))
+        reward_model = use_fused_gelu(copy.deepcopy(reward_model))
+    histories = []
+    for seed in tqdm(seeds, desc="seeds", disable=not progress):
+        policy = pipeline.new_policy()
+        value_model = copy.deepcopy(pipeline.reward_model)
+        for p in value_model.parameters():
+            p.requires_grad_(True)
+        if fast:
+            use_fused_gelu(policy)
+            use_fused_gelu(value_model)
+        histories.append(train_ppo(policy, ref_model, reward_model, value_model,
+                                   pipeline.tokenizer, prompts, iterations=steps, beta=beta,
+                                   config=cfg, seed=seed, progress=False,
+                                   sampler_cache=fast, reuse_sample_logits=fast))
+    return histories
+
+
+def seed_benchmark(n_seeds: int = 10, iterations: int = 10, progress: bool = False,
+                   preset: str = "tiny", beta: float = 0.1, pipeline=None) -> dict:
+    """Time ``n_seeds`` seeds of the tiny PPO-RLHF (``iterations`` each), (a) one after
+    another as the chapters ran them before (sampler cache off) and (b) with
+    :func:`train_seeds` and every speed-up on, side by side in this process.
+
+    Returns ``{"n_seeds", "iterations", "seconds_sequential", "seconds_batched", "ratio",
+    "threads", "max_abs_score_diff"}``: ``ratio`` is (a) / (b); ``max_abs_score_diff`` the
+    largest difference of the per-iteration mean reward-model score between (a) and (b)
+    (float rounding only, unless rounding flipped a sampled token and the runs drifted).
+    The pipeline is built (or loaded from its cache) before the clock starts.
+    """
+    if not isinstance(n_seeds, int) or n_seeds < 1:
+        raise ValueError(f"n_seeds: must be a positive integer, got {n_seeds!r}")
+    if not isinstance(iterations, int) or iterations < 1:
+        raise ValueError(f"iterations: must be a positive integer, got {iterations!r}")
+    if pipeline is None:
+        from .pipeline import build_pipeline
+        pipeline = build_pipeline(preset, seed=0, progress=progress)
+    seeds = list(range(n_seeds))
+    t0 = time.perf_counter()
+    slow = train_seeds(pipeline, seeds, beta=beta, steps=iterations, fast=False, progress=progress)
+    t1 = time.perf_counter()
+    fast = train_seeds(pipeline, seeds, beta=beta, steps=iterations, fast=True, progress=progress)
+    t2 = time.perf_counter()
+    diff = max(abs(a["score"] - b["score"]) for hs, hf in zip(slow, fast) for a, b in zip(hs, hf))
+    return {"n_seeds": n_seeds, "iterations": iterations, "seconds_sequential": t1 - t0,
+            "seconds_batched": t2 - t1, "ratio": (t1 - t0) / (t2 - t1),
+            "threads": torch.get_num_threads(), "max_abs_score_diff": diff}
