@@ -136,7 +136,11 @@ class _NextTokenLogits:
     """
 
     def __init__(self, policy, use_cache: bool):
-        self.policy, self.use_cache, self.past = policy, use_cache, None
+        from transformers import PreTrainedModel
+
+        # a stand-in policy (any module with lm_logits' interface) is run without a cache
+        self.use_cache = use_cache and isinstance(policy, PreTrainedModel)
+        self.policy, self.past = policy, None
 
     def __call__(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         if not self.use_cache:
