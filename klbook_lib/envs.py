@@ -32,7 +32,8 @@ from typing import Sequence
 
 import torch
 
-__all__ = ["CartPole", "Pendulum", "PendulumArray", "DeceptiveChain", "make_env", "angle_normalize"]
+__all__ = ["CartPole", "Pendulum", "PendulumArray", "DeceptiveChain", "make_env", "angle_normalize",
+           "resolve_device", "SeedBatch"]
 
 
 def _check_num_envs(num_envs: int) -> int:
@@ -41,7 +42,11 @@ def _check_num_envs(num_envs: int) -> int:
     return num_envs
 
 
-def _resolve_device(device: str | torch.device | None) -> torch.device:
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """``torch.device`` of ``device``; ``None`` or ``"auto"``: CUDA if available, else the CPU.
+
+    Raises ``ValueError`` when CUDA is asked for and not available.
+    """
     if device is None or device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(device)
@@ -68,7 +73,7 @@ class _BatchedEnv:
             raise ValueError(f"max_episode_steps: must be a positive integer, got {max_episode_steps!r}")
         if dtype not in (torch.float32, torch.float64):
             raise ValueError(f"dtype: must be torch.float32 or torch.float64, got {dtype}")
-        self.device = _resolve_device(device)
+        self.device = resolve_device(device)
         self.dtype = dtype
         self.max_episode_steps = max_episode_steps
         self.generator = torch.Generator(device=self.device)
@@ -192,7 +197,7 @@ class CartPole(_BatchedEnv):
             setattr(self, name, float(value))
         self.total_mass = self.masscart + self.masspole
         self.polemass_length = self.masspole * self.length
-        dev = _resolve_device(device)
+        dev = resolve_device(device)
         self._forces = torch.tensor([-self.force_mag, self.force_mag], device=dev, dtype=dtype)
         self._limits = torch.tensor([self.x_threshold, self.theta_threshold_radians], device=dev, dtype=dtype)
         super().__init__(num_envs, dev, seed, max_episode_steps, dtype)
@@ -358,7 +363,7 @@ class DeceptiveChain(_BatchedEnv):
         self.length = length
         self.obs_dim = length
         self.quit_reward, self.goal_reward, self.move_cost = float(quit_reward), float(goal_reward), float(move_cost)
-        dev = _resolve_device(device)
+        dev = resolve_device(device)
         if action_seed is None:
             cont = torch.ones(length, dtype=torch.long)
         else:
@@ -401,3 +406,84 @@ def make_env(name: str, num_envs: int, device: str | torch.device | None = "cpu"
     if name not in ENVS:
         raise ValueError(f"name: unknown environment {name!r}; choose one of {sorted(ENVS)}")
     return ENVS[name](num_envs=num_envs, device=device, seed=seed, **kwargs)
+
+
+class SeedBatch:
+    """``K`` independent batched environments, one per seed, stepped as one batch of ``K * N`` copies.
+
+    Member ``k`` is ``make_env(name, num_envs, seed=seeds[k], **kwargs)``: it keeps that
+    environment's own generator, so its copies start from, and reset to, exactly the states
+    that environment alone draws (it draws fresh states only at the steps where one of its own
+    copies finished, as :meth:`step` of one environment does). One call of the dynamics
+    advances every copy of every member; the arithmetic is elementwise, so member ``k``'s
+    trajectory is the single environment's, bit for bit, for the same actions.
+
+    Shapes carry the member first: observations ``(K, N, obs_dim)``, rewards and flags
+    ``(K, N)``; ``step`` takes actions ``(K, N)`` (or ``(K, N, action_dim)``) and returns what
+    :meth:`_BatchedEnv.step` returns, reshaped so. :meth:`keep` drops members (seeds that are done).
+    """
+
+    def __init__(self, name: str, num_envs: int, seeds: Sequence[int], device: str | torch.device | None = "cpu",
+                 **kwargs):
+        seeds = [int(s) for s in seeds]
+        if not seeds:
+            raise ValueError("seeds: need at least one seed")
+        self.members = [make_env(name, num_envs, device=device, seed=s, **kwargs) for s in seeds]
+        self.seeds = seeds
+        self.num_envs = _check_num_envs(num_envs)
+        self.batch = make_env(name, len(seeds) * num_envs, device=device, seed=0, **kwargs)  # the dynamics
+        for attr in ("obs_dim", "discrete", "n_actions", "action_dim", "max_episode_steps", "device"):
+            setattr(self, attr, getattr(self.batch, attr))
+        self.reset()
+
+    @property
+    def num_members(self) -> int:
+        return len(self.members)
+
+    def reset(self) -> torch.Tensor:
+        """Reset every member as ``env.reset(seed=its seed)`` does; return observations ``(K, N, obs_dim)``."""
+        for m, s in zip(self.members, self.seeds):
+            m.reset(seed=s)
+        self.state = torch.cat([m.state for m in self.members])
+        self.elapsed = torch.zeros(self.state.shape[0], dtype=torch.long, device=self.device)
+        self.episode_return = torch.zeros(self.state.shape[0], device=self.device, dtype=self.batch.dtype)
+        return self.obs
+
+    @property
+    def obs(self) -> torch.Tensor:
+        return self.batch._obs(self.state).reshape(self.num_members, self.num_envs, -1)
+
+    def step(self, action: torch.Tensor):
+        """Advance every copy of every member by one step (see the module docstring)."""
+        k, n = self.num_members, self.num_envs
+        next_state, reward, terminated = self.batch._dynamics(self.state, action.reshape(k * n, *action.shape[2:]))
+        elapsed = self.elapsed + 1
+        ep_return = self.episode_return + reward
+        truncated = (elapsed >= self.max_episode_steps) & ~terminated
+        done = terminated | truncated
+        info = {"final_obs": self.batch._obs(next_state).reshape(k, n, -1),
+                "episode_return": ep_return.reshape(k, n), "episode_length": elapsed.reshape(k, n)}
+        finished = done.reshape(k, n).any(1).tolist() if self.device.type == "cpu" else [True] * k
+        if not any(finished):
+            self.state, self.elapsed, self.episode_return = next_state, elapsed, ep_return
+        else:                                   # each member draws from its own generator, as alone
+            rows = [m._sample_initial(n, m.generator) if f else next_state[i * n:(i + 1) * n]
+                    for i, (m, f) in enumerate(zip(self.members, finished))]
+            self.state = torch.where(done[:, None], torch.cat(rows), next_state)
+            self.elapsed = elapsed.masked_fill(done, 0)
+            self.episode_return = ep_return.masked_fill(done, 0.0)
+        shape = (k, n)
+        return self.obs, reward.reshape(shape), terminated.reshape(shape), truncated.reshape(shape), info
+
+    def keep(self, members: Sequence[int]) -> None:
+        """Keep only the members at these indices (in this order)."""
+        members = [int(i) for i in members]
+        if not members:
+            raise ValueError("members: keep at least one member")
+        n = self.num_envs
+        rows = torch.cat([torch.arange(i * n, (i + 1) * n, device=self.device) for i in members])
+        self.state, self.elapsed = self.state[rows], self.elapsed[rows]
+        self.episode_return = self.episode_return[rows]
+        self.members = [self.members[i] for i in members]
+        self.seeds = [self.seeds[i] for i in members]
+        self.batch.num_envs = len(members) * n

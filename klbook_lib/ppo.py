@@ -72,18 +72,22 @@ import copy
 import math
 import time
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn as nn
 from tqdm import tqdm
 
 from klbook_lib import envs as _envs
+from klbook_lib import estimators as _estimators
 from klbook_lib import monitor as _monitor
+from klbook_lib import optim as _optim
+from klbook_lib.divergences import gaussian_kl, kl_from_log_probs
 
-__all__ = ["PPOConfig", "PPOResult", "Agent", "train", "evaluate", "check_logprobs_fresh", "StaleLogProbError", "HISTORY_KEYS",
-           "OBJECTIVES", "KL_PENALTY_ESTIMATORS"]
+__all__ = ["PPOConfig", "PPOResult", "Agent", "AgentEnsemble", "train", "train_seeds", "evaluate", "gae",
+           "surrogate_loss", "check_logprobs_fresh", "StaleLogProbError", "HISTORY_KEYS", "OBJECTIVES",
+           "KL_PENALTY_ESTIMATORS", "NOT_BATCHED"]
 
 OBJECTIVES = ("clip", "kl_penalty", "clip+kl_penalty")
 KL_PENALTY_ESTIMATORS = ("exact", "k1", "k2", "k3")
@@ -103,156 +107,195 @@ class StaleLogProbError(RuntimeError):
     """The stored ``log pi_old(a|s)`` were not produced by the policy that collected the batch."""
 
 
+# =====================================================================================
+# The configuration. Each hyperparameter is said once: its default, the check of its value
+# and its meaning, on one line. The ones most runs change come first.
+# =====================================================================================
+
+def _positive_int(name: str, v) -> None:
+    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        raise ValueError(f"{name}: must be a positive integer, got {v!r}")
+
+
+def _seed(name: str, v) -> None:
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+        raise ValueError(f"{name}: must be a non-negative integer, got {v!r}")
+
+
+def _number(lo: float | None = None, hi: float | None = None, lo_open: bool = False,
+            hi_open: bool = False, allow_none: bool = False) -> Callable[[str, Any], None]:
+    """A check that the value is a finite number in the given range (or None if allowed)."""
+    def check(name: str, v) -> None:
+        if v is None and allow_none:
+            return
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise ValueError(f"{name}: must be a finite number, got {v!r}")
+        if lo is not None and (v < lo or (lo_open and v == lo)):
+            raise ValueError(f"{name}: must be {'>' if lo_open else '>='} {lo}, got {v}")
+        if hi is not None and (v > hi or (hi_open and v == hi)):
+            raise ValueError(f"{name}: must be {'<' if hi_open else '<='} {hi}, got {v}")
+    return check
+
+
+_positive, _non_negative, _finite = _number(lo=0, lo_open=True), _number(lo=0), _number()
+_unit = _number(lo=0, hi=1)
+
+
+def _one_of(*choices) -> Callable[[str, Any], None]:
+    def check(name: str, v) -> None:
+        if v not in choices:
+            raise ValueError(f"{name}: must be one of {choices}, got {v!r}")
+    return check
+
+
+def _device(name: str, v) -> None:
+    if v not in ("cpu", "cuda", "auto") and not str(v).startswith("cuda:"):
+        raise ValueError(f"{name}: must be 'cpu', 'cuda' or 'auto', got {v!r}")
+
+
+def _env(name: str, v) -> None:
+    if v not in _envs.ENVS:
+        raise ValueError(f"{name}: must be one of {sorted(_envs.ENVS)}, got {v!r}")
+
+
+def _controller(feeds: str) -> Callable[[str, Any], None]:
+    def check(name: str, v) -> None:
+        if v is not None and (not hasattr(v, "value") or not callable(getattr(v, "update", None))):
+            raise ValueError(f"{name}: needs a .value attribute and an .update({feeds}, n_steps) method, "
+                             f"got {type(v).__name__}")
+    return check
+
+
+def _callable_or_none(name: str, v) -> None:
+    if v is not None and not callable(v):
+        raise ValueError(f"{name}: must be callable or None, got {type(v).__name__}")
+
+
+def _dict_or_none(name: str, v) -> None:
+    if v is not None and not isinstance(v, dict):
+        raise ValueError(f"{name}: must be a dict or None, got {type(v).__name__}")
+
+
+def _agent_or_none(name: str, v) -> None:
+    if v is not None and not isinstance(v, Agent):
+        raise ValueError(f"{name}: must be an Agent or None, got {type(v).__name__}")
+
+
+def _hidden_sizes(name: str, v) -> None:
+    if not v or any(not isinstance(h, int) or h < 1 for h in v):
+        raise ValueError(f"{name}: must be a non-empty tuple of positive integers, got {v!r}")
+
+
+def hp(default, check: Callable[[str, Any], None] | None = None, doc: str = ""):
+    """One hyperparameter of :class:`PPOConfig`: its default, the check of its value, its meaning."""
+    return field(default=default, metadata={"check": check, "doc": doc})
+
+
 @dataclass
 class PPOConfig:
     """Every hyperparameter of :func:`train`. The defaults are the fast CartPole preset.
 
-    Invalid values raise ``ValueError`` naming the field.
+    Invalid values raise ``ValueError`` naming the field. ``PPOConfig.describe()`` lists every
+    field with its meaning; :meth:`hyperparameters` gives the values (``train`` keeps them in
+    ``PPOResult.hyperparameters``).
     """
 
-    # --- environment and run -----------------------------------------------------------
-    env: str = "CartPole"
-    """Environment name: "CartPole" (categorical policy), "Pendulum" or "PendulumArray"
-    (Gaussian policy with 1 or 3 action dimensions); see :mod:`klbook_lib.envs`."""
-    num_envs: int = 32
-    """Number of environment copies stepped in parallel."""
-    num_steps: int = 8
-    """Steps per copy per rollout; the batch has ``num_envs * num_steps`` transitions."""
-    total_timesteps: int = 100_000
-    """Environment steps of the whole run (an upper bound when ``stop_at_return`` is set)."""
-    seed: int = 0
-    """Seeds the network initialisation, action sampling and the environments."""
-    device: str = "cpu"
-    """"cpu", "cuda" or "auto" (CUDA if available). At 32 envs the CPU is the faster one."""
-    stop_at_return: float | None = 475.0
-    """Stop as soon as the mean return of the last ``solve_window`` finished episodes reaches
-    this value (CartPole-v1's "solved" threshold is 475); ``None`` runs all ``total_timesteps``."""
-    solve_window: int = 20
-    """Number of finished episodes in the rolling mean return."""
-
+    # --- the run ---------------------------------------------------------------------------
+    env: str = hp("CartPole", _env, 'Environment: "CartPole" (categorical policy), "DeceptiveChain", '
+                  '"Pendulum" or "PendulumArray" (Gaussian policy, 1 or 3 action dimensions).')
+    seed: int = hp(0, _seed, "Seeds the network initialisation, action sampling and the environments.")
+    total_timesteps: int = hp(100_000, _positive_int, "Environment steps of the run (an upper bound "
+                              "when stop_at_return is set).")
+    stop_at_return: float | None = hp(475.0, _number(allow_none=True), "Stop once the mean return of "
+                                      "the last solve_window episodes reaches this (CartPole-v1's "
+                                      "'solved' is 475); None runs all total_timesteps.")
+    num_envs: int = hp(32, _positive_int, "Environment copies stepped in parallel.")
+    num_steps: int = hp(8, _positive_int, "Steps per copy per rollout (batch = num_envs * num_steps).")
     # --- optimisation ----------------------------------------------------------------------
-    learning_rate: float = 8e-3
-    """Adam step size (shared by actor and critic)."""
-    anneal_lr: bool = True
-    """Decay the learning rate linearly to 0 over ``total_timesteps``."""
-    update_epochs: int = 3
-    """Passes over each batch."""
-    num_minibatches: int = 1
-    """Minibatches per epoch (1 = full-batch steps)."""
-    max_grad_norm: float | None = 0.5
-    """Clip the global gradient norm to this value; ``None`` disables clipping."""
-    adam_eps: float = 1e-5
-    """Adam's epsilon."""
-    fused_adam: bool = True
-    """Use :class:`FusedAdam` (PyTorch's fused Adam kernel called directly, much less overhead
-    for small nets); False uses ``torch.optim.Adam``."""
+    learning_rate: float = hp(8e-3, _positive, "Adam step size (actor and critic).")
+    anneal_lr: bool = hp(True, None, "Decay the learning rate linearly to 0 over total_timesteps.")
+    update_epochs: int = hp(3, _positive_int, "Passes over each batch.")
+    num_minibatches: int = hp(1, _positive_int, "Minibatches per epoch (1: full-batch steps).")
+    # --- the policy objective ----------------------------------------------------------------
+    objective: str = hp("clip", _one_of(*OBJECTIVES), '"clip" (clipped surrogate), "kl_penalty" '
+                        '(surrogate minus beta KL) or "clip+kl_penalty".')
+    clip_coef: float = hp(0.3, _positive, "Clip range epsilon of the clipped surrogate.")
+    anneal_clip: bool = hp(True, None, "Decay clip_coef linearly to 0 over total_timesteps.")
+    kl_coef: float = hp(0.0, _non_negative, "Fixed beta, used when the objective has a KL penalty "
+                        "and kl_controller is None.")
+    kl_controller: Any = hp(None, _controller("kl"), "An object with .value (beta) and "
+                            ".update(kl, n_steps) (klbook_lib.controllers), fed the exact mean "
+                            "KL(pi_old || pi_theta) after each update with n_steps = batch size; "
+                            "deep-copied by train.")
+    kl_penalty_estimator: str = hp("exact", _one_of(*KL_PENALTY_ESTIMATORS), 'The KL term in the loss: '
+                                   '"exact" (closed form per state) or "k1", "k2", "k3" on the '
+                                   'sampled actions (a ~ pi_old).')
+    target_kl: float | None = hp(None, _number(lo=0, lo_open=True, allow_none=True),
+                                 "Early stopping: end the update's epochs once the mean k3 estimate of "
+                                 "KL(pi_old || pi_theta) on the batch exceeds this (as CleanRL; "
+                                 "Stable-Baselines3 uses 1.5 target_kl).")
+    ent_coef: float = hp(0.0, _finite, "Weight of the entropy bonus.")
+    policy_loss_fn: Any = hp(None, _callable_or_none,
+                             "None (the built-in objective) or a function that replaces the policy "
+                             "part of the loss, called on each minibatch as policy_loss_fn(new_params, "
+                             "old_params, actions, advantages, beta, clip) with the distribution "
+                             "parameters of pi_theta ((logits,) or (mean, std), with gradients) and "
+                             "pi_old (detached), the (normalised) advantages, beta (0 without a "
+                             "penalty) and the clip range; returns the scalar to minimise, logged as "
+                             "policy_loss (the built-in penalty is then not computed: kl_penalty_value "
+                             "and grad_ratio are 0). Exercise 3 plugs its loss in here.")
+    # --- KL as a tool: changed tasks, exploration, forgetting (chapter 13) -------------------
+    env_kwargs: dict | None = hp(None, _dict_or_none, "Keyword arguments of the environment "
+                                 "(envs.make_env), e.g. {'length': 0.25}: a shorter pole.")
+    ent_controller: Any = hp(None, _controller("kl_uniform"), "None or a controller (e.g. "
+                             "controllers.EntropyBandController) whose .value replaces ent_coef in "
+                             "each update; fed the batch mean of KL(pi_theta || uniform) = "
+                             "log|A| - H. Categorical policies only; deep-copied by train.")
+    init_agent: Any = hp(None, _agent_or_none, "None or an Agent whose weights the run "
+                         "starts from (fine-tuning); it is not changed.")
+    anchor_agent: Any = hp(None, _agent_or_none, "None or an Agent pi_A to stay close to: "
+                           "the loss gets anchor_coef * mean_s KL(pi_A || pi_theta) over anchor_obs; "
+                           "the history's anchor_kl records that KL (also at anchor_coef = 0).")
+    anchor_obs: Any = hp(None, None, "A tensor (M, obs_dim) of states for the anchor penalty.")
+    anchor_coef: float = hp(0.0, _non_negative, "Weight of the anchor penalty (0: none).")
+    # --- rarely changed ----------------------------------------------------------------------
+    device: str = hp("cpu", _device, '"cpu", "cuda" or "auto"; at 32 envs the CPU is the faster one.')
+    solve_window: int = hp(20, _positive_int, "Finished episodes in the rolling mean return.")
+    max_grad_norm: float | None = hp(0.5, _number(lo=0, lo_open=True, allow_none=True),
+                                     "Clip the global gradient norm to this; None: no clipping.")
+    adam_eps: float = hp(1e-5, _positive, "Adam's epsilon.")
+    fused_adam: bool = hp(True, None, "torch.optim.Adam(fused=True), one kernel for the whole update "
+                          "(about half the time of the default foreach Adam for nets this small); "
+                          "False: the default, equal up to rounding.")
+    gamma: float = hp(0.99, _unit, "Discount factor.")
+    gae_lambda: float = hp(0.9, _unit, "GAE lambda (Schulman et al. 2016).")
+    norm_adv: bool = hp(True, None, "Normalise advantages per minibatch (zero mean, unit std).")
+    reward_scale: float = hp(1.0, _positive, "Rewards are multiplied by this for the returns "
+                             "(the history reports raw returns).")
+    vf_coef: float = hp(0.5, _non_negative, "Weight of the value loss.")
+    logratio_clamp: float = hp(20.0, _positive, "Clamp log r to [-c, c] before exp (finite ratios).")
+    hidden_sizes: tuple[int, ...] = hp((64, 64), _hidden_sizes, "Hidden layers of the actor and of "
+                                       "the (separate) critic; tanh activations.")
+    log_std_init: float = hp(0.0, _finite, "Initial log std of the Gaussian policy (state-independent).")
+    std_min: float = hp(0.01, _positive, "Floor on the Gaussian policy's standard deviation.")
+    check_policy_version: bool = hp(True, None, "Raise StaleLogProbError at any optimizer step whose "
+                                    "stored old log-probs were not made by the rollout's policy.")
+    monitor_grad_ratio: bool = hp(True, None, "Log ||grad KL penalty|| / ||grad surrogate|| on the "
+                                  "last minibatch of each update (objectives with a penalty; else 0).")
+    kl_ema_decay: float = hp(0.9, _number(lo=0, hi=1, hi_open=True), "Decay of the moving average "
+                             "kl_ema of the mean exact KL (averages about 1 / (1 - decay) updates).")
+    # --- deliberate bugs for the bug-zoo chapter (all off by default) -------------------------
+    bug_recompute_old_logprobs: bool = hp(False, None, "BUG: recompute log pi_old with the current "
+                                          "policy in the update loop (ratio 1, clipping never acts; "
+                                          "raises with check_policy_version).")
+    bug_flip_logratio: bool = hp(False, None, "BUG: use log pi_old - log pi_theta as the log-ratio.")
+    bug_no_logratio_clamp: bool = hp(False, None, "BUG: exponentiate the log-ratio without the clamp.")
+    bug_no_std_floor: bool = hp(False, None, "BUG: no floor on the Gaussian standard deviation.")
+    kl_action_reduce: str = hp("sum", _one_of("sum", "mean"), 'Gaussian KL penalty over action '
+                               'dimensions: "sum" (the KL of the joint policy) or "mean" (BUG: '
+                               'divided by the action dimension); the monitor always sums.')
 
-    # --- returns and advantages ------------------------------------------------------------
-    gamma: float = 0.99
-    """Discount factor."""
-    gae_lambda: float = 0.9
-    """GAE lambda (Schulman et al. 2016)."""
-    norm_adv: bool = True
-    """Normalise advantages per minibatch to zero mean and unit standard deviation."""
-    reward_scale: float = 1.0
-    """Multiply rewards by this before computing returns (the history reports raw returns)."""
-    vf_coef: float = 0.5
-    """Weight of the value loss."""
-    ent_coef: float = 0.0
-    """Weight of the entropy bonus."""
-
-    # --- policy objective ----------------------------------------------------------------------
-    objective: str = "clip"
-    """"clip" (clipped surrogate), "kl_penalty" (surrogate minus beta * KL) or "clip+kl_penalty"."""
-    clip_coef: float = 0.3
-    """Clip range epsilon of the clipped surrogate."""
-    anneal_clip: bool = True
-    """Decay ``clip_coef`` linearly to 0 over ``total_timesteps``."""
-    kl_coef: float = 0.0
-    """Fixed beta, used when the objective has a KL penalty and ``kl_controller`` is None."""
-    kl_controller: Any = None
-    """An object with ``.value`` (beta) and ``.update(kl, n_steps)``, e.g. from
-    :mod:`klbook_lib.controllers`; fed the exact mean KL(pi_old || pi_theta) after each
-    update with ``n_steps`` = batch size. Deep-copied by :func:`train`."""
-    kl_penalty_estimator: str = "exact"
-    """The KL term in the loss: "exact" (closed form per state), or "k1", "k2", "k3" on the
-    sampled actions (``a ~ pi_old``)."""
-    target_kl: float | None = None
-    """Early stopping: after each epoch, stop the update if the mean k3 estimate of
-    KL(pi_old || pi_theta) over the batch exceeds this (CleanRL compares the same k3 with
-    target_kl; Stable-Baselines3 with 1.5 * target_kl)."""
-    logratio_clamp: float = 20.0
-    """Clamp ``log r`` to ``[-c, c]`` before ``exp`` (keeps ratios finite)."""
-
-    # --- networks -------------------------------------------------------------------------------
-    hidden_sizes: tuple[int, ...] = (64, 64)
-    """Hidden layers of both the actor and the (separate) critic; tanh activations."""
-    log_std_init: float = 0.0
-    """Initial log standard deviation of the Gaussian policy (state-independent parameter)."""
-    std_min: float = 0.01
-    """Floor on the Gaussian policy's standard deviation."""
-
-    # --- checks and monitoring -----------------------------------------------------------------
-    check_policy_version: bool = True
-    """Raise :class:`StaleLogProbError` if the stored old log-probs were not produced by the
-    policy version that collected the batch (checked at every optimizer step)."""
-    monitor_grad_ratio: bool = True
-    """Log ||grad of KL penalty|| / ||grad of surrogate|| on the last minibatch of each update
-    (only when the objective has a KL penalty; 0 otherwise)."""
-    kl_ema_decay: float = 0.9
-    """Decay of the moving average ``kl_ema`` of the mean exact KL (weight ``1 - decay`` on the
-    new value; it averages over about ``1 / (1 - decay)`` updates: 10 for the default 0.9)."""
-
-    # --- deliberate bugs for the bug-zoo chapter (all off by default) ---------------------------
-    bug_recompute_old_logprobs: bool = False
-    """BUG: recompute ``log pi_old`` with the current policy inside the update loop, so the
-    ratio is always 1 and clipping never acts (with ``check_policy_version`` it raises)."""
-    bug_flip_logratio: bool = False
-    """BUG: use ``log pi_old - log pi_theta`` as the log-ratio."""
-    bug_no_logratio_clamp: bool = False
-    """BUG: exponentiate the log-ratio without the clamp."""
-    bug_no_std_floor: bool = False
-    """BUG: no floor on the Gaussian standard deviation."""
-    kl_action_reduce: str = "sum"
-    """How the Gaussian KL penalty combines action dimensions: "sum" (correct: the KL of the
-    joint policy) or "mean" (BUG: divides the penalty by the action dimension). The monitor
-    always reports the correct (summed) KL."""
-
-    # --- a pluggable policy loss (e.g. an exercise's own) ----------------------------------------
-    policy_loss_fn: Any = None
-    """``None`` (the built-in objective) or a function that replaces the policy part of the loss:
-    ``policy_loss_fn(new_params, old_params, actions, advantages, beta, clip)`` is called on each
-    minibatch with the distribution parameters of pi_theta (``(logits,)`` or ``(mean, std)``, with
-    gradients) and of pi_old (detached), the actions, the (normalised) advantages, the current
-    ``beta`` (0 without a penalty) and clip range, and returns the scalar to minimise; the value
-    loss (and the entropy bonus) are added to it. It is logged as ``policy_loss``; ``grad_ratio``
-    is then 0. Exercise 3 plugs its KL-penalty loss in here (:mod:`klbook_lib.tasks.cartpole_kl`)."""
-
-    # --- KL as a tool: exploration, changed tasks, forgetting (chapter "KL as a tool") ------------
-    env_kwargs: dict | None = None
-    """Keyword arguments for the environment's constructor (:func:`klbook_lib.envs.make_env`),
-    e.g. ``{"length": 0.25}`` for a CartPole with a shorter pole, ``{"length": 8}`` for the
-    chain. ``None``: the defaults."""
-    ent_controller: Any = None
-    """``None`` or an object with ``.value`` and ``.update(kl_uniform, n_steps)`` (e.g.
-    :class:`klbook_lib.controllers.EntropyBandController`) that sets the entropy coefficient:
-    each update uses ``ent_controller.value`` in place of ``ent_coef``, and after the update
-    the controller is fed the batch mean of ``KL(pi_theta(.|s) || uniform) = log|A| - H(pi_theta(.|s))``.
-    Categorical policies only. Deep-copied by :func:`train`."""
-    init_agent: Any = None
-    """``None`` or an :class:`Agent` whose weights (actor and critic) the run starts from, e.g.
-    a policy trained on another task (fine-tuning). The given agent is not changed."""
-    anchor_agent: Any = None
-    """``None`` or an :class:`Agent` ``pi_A`` to stay close to: the loss gets
-    ``anchor_coef * mean_s KL(pi_A(.|s) || pi_theta(.|s))`` over the states ``anchor_obs`` (a
-    penalty against forgetting, in the style of policy distillation). With an anchor the
-    history's ``anchor_kl`` records that mean KL after every update (also at ``anchor_coef = 0``)."""
-    anchor_obs: Any = None
-    """A tensor ``(M, obs_dim)`` of states for the anchor penalty (e.g. states ``pi_A`` visits on its own task)."""
-    anchor_coef: float = 0.0
-    """Weight of the anchor penalty (0: none)."""
-
-    # --- presets ----------------------------------------------------------------------------------
+    # --- presets ---------------------------------------------------------------------------
     @classmethod
     def cartpole_fast(cls, **overrides) -> "PPOConfig":
         """The fast CartPole-v1 preset (the defaults): 32 envs x 8 steps, 3 full-batch epochs,
@@ -266,13 +309,10 @@ class PPOConfig:
     def cartpole_bench(cls, **overrides) -> "PPOConfig":
         """The CartPole-v1 preset of ``python -m klbook_lib.bench ppo``: the defaults except
         16 envs x 16 steps (the same 256-sample batch, longer stretches per env copy) and
-        lr 1e-2; still 3 full-batch epochs, lr and clip 0.3 decayed to 0 over
-        ``total_timesteps`` (100k), gamma 0.99, lambda 0.9, 64x64 tanh nets. It reached the
-        475 rolling mean on every seed 0-15 within 100k steps (median about 37k steps,
-        the defaults about 55k); the optimum is sharp, so check all seeds after any change."""
-        base = dict(cls.CARTPOLE_BENCH)
-        base.update(overrides)
-        return cls(**base)
+        lr 1e-2. It reached the 475 rolling mean on every seed 0-15 within 100k steps (median
+        about 37k steps, the defaults about 55k); the optimum is sharp, so check all seeds
+        after any change."""
+        return cls(**{**cls.CARTPOLE_BENCH, **overrides})
 
     @classmethod
     def pendulum(cls, **overrides) -> "PPOConfig":
@@ -283,127 +323,47 @@ class PPOConfig:
                     stop_at_return=None, learning_rate=3e-3, anneal_lr=False, update_epochs=10,
                     num_minibatches=4, gamma=0.9, gae_lambda=0.95, clip_coef=0.2,
                     anneal_clip=False, reward_scale=0.1, log_std_init=-0.5, max_grad_norm=0.5)
-        base.update(overrides)
-        return cls(**base)
+        return cls(**{**base, **overrides})
 
-    # --- validation -------------------------------------------------------------------------------
+    # --- what the run is -----------------------------------------------------------------
+    @classmethod
+    def describe(cls) -> dict[str, str]:
+        """``{name: meaning}`` of every hyperparameter, in the order of the fields."""
+        return {f.name: f.metadata["doc"] for f in fields(cls)}
+
+    def hyperparameters(self) -> dict[str, Any]:
+        """``{name: value}`` of every hyperparameter (objects such as controllers as their repr)."""
+        plain = (bool, int, float, str, tuple, type(None))
+        return {f.name: (v if isinstance(v, plain) else repr(v))
+                for f in fields(self) for v in [getattr(self, f.name)]}
+
+    # --- validation: each field's own check, then the checks that relate fields ---------------
     def __post_init__(self):
-        def pos_int(name):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"{name}: must be a positive integer, got {v!r}")
+        self.hidden_sizes = tuple(self.hidden_sizes)
+        for f in fields(self):
+            if f.metadata["check"] is not None:
+                f.metadata["check"](f.name, getattr(self, f.name))
+        self._check_batch()
+        self._check_penalty()
+        self._check_anchor()
 
-        def number(name, lo=None, hi=None, lo_open=False, hi_open=False, allow_none=False):
-            v = getattr(self, name)
-            if v is None and allow_none:
-                return
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-                raise ValueError(f"{name}: must be a finite number, got {v!r}")
-            if lo is not None and (v < lo or (lo_open and v == lo)):
-                raise ValueError(f"{name}: must be {'>' if lo_open else '>='} {lo}, got {v}")
-            if hi is not None and (v > hi or (hi_open and v == hi)):
-                raise ValueError(f"{name}: must be {'<' if hi_open else '<='} {hi}, got {v}")
-
-        if self.env not in _envs.ENVS:
-            raise ValueError(f"env: must be one of {sorted(_envs.ENVS)}, got {self.env!r}")
-        for name in ("num_envs", "num_steps", "total_timesteps", "update_epochs",
-                     "num_minibatches", "solve_window"):
-            pos_int(name)
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
-            raise ValueError(f"seed: must be a non-negative integer, got {self.seed!r}")
-        if self.device not in ("cpu", "cuda", "auto") and not str(self.device).startswith("cuda:"):
-            raise ValueError(f"device: must be 'cpu', 'cuda' or 'auto', got {self.device!r}")
+    def _check_batch(self) -> None:
         batch = self.num_envs * self.num_steps
         if batch % self.num_minibatches:
             raise ValueError(f"num_minibatches: must divide the batch size num_envs*num_steps={batch}, "
                              f"got {self.num_minibatches}")
         if self.total_timesteps < batch:
             raise ValueError(f"total_timesteps: must be at least one batch ({batch}), got {self.total_timesteps}")
-        number("stop_at_return", allow_none=True)
-        number("learning_rate", lo=0, lo_open=True)
-        number("max_grad_norm", lo=0, lo_open=True, allow_none=True)
-        number("adam_eps", lo=0, lo_open=True)
-        number("gamma", lo=0, hi=1)
-        number("gae_lambda", lo=0, hi=1)
-        number("reward_scale", lo=0, lo_open=True)
-        number("vf_coef", lo=0)
-        number("ent_coef")
-        number("clip_coef", lo=0, lo_open=True)
-        number("kl_coef", lo=0)
-        number("target_kl", lo=0, lo_open=True, allow_none=True)
-        number("logratio_clamp", lo=0, lo_open=True)
-        number("std_min", lo=0, lo_open=True)
-        number("log_std_init")
-        number("kl_ema_decay", lo=0, hi=1, hi_open=True)
-        if self.objective not in OBJECTIVES:
-            raise ValueError(f"objective: must be one of {OBJECTIVES}, got {self.objective!r}")
-        if self.kl_penalty_estimator not in KL_PENALTY_ESTIMATORS:
-            raise ValueError(f"kl_penalty_estimator: must be one of {KL_PENALTY_ESTIMATORS}, "
-                             f"got {self.kl_penalty_estimator!r}")
-        if self.kl_action_reduce not in ("sum", "mean"):
-            raise ValueError(f"kl_action_reduce: must be 'sum' or 'mean', got {self.kl_action_reduce!r}")
-        if self.kl_controller is not None:
-            if not hasattr(self.kl_controller, "value") or not callable(getattr(self.kl_controller, "update", None)):
-                raise ValueError("kl_controller: needs a .value attribute and an .update(kl, n_steps) method, "
-                                 f"got {type(self.kl_controller).__name__}")
-        if self.policy_loss_fn is not None and not callable(self.policy_loss_fn):
-            raise ValueError(f"policy_loss_fn: must be callable or None, got {type(self.policy_loss_fn).__name__}")
-        if self.env_kwargs is not None and not isinstance(self.env_kwargs, dict):
-            raise ValueError(f"env_kwargs: must be a dict or None, got {type(self.env_kwargs).__name__}")
-        if self.ent_controller is not None:
-            if not hasattr(self.ent_controller, "value") or not callable(getattr(self.ent_controller, "update", None)):
-                raise ValueError("ent_controller: needs a .value attribute and an .update(kl_uniform, n_steps) "
-                                 f"method, got {type(self.ent_controller).__name__}")
-        for name in ("init_agent", "anchor_agent"):
-            if getattr(self, name) is not None and not isinstance(getattr(self, name), Agent):
-                raise ValueError(f"{name}: must be an Agent or None, got {type(getattr(self, name)).__name__}")
-        number("anchor_coef", lo=0)
+
+    def _check_penalty(self) -> None:
+        if "kl_penalty" in self.objective and self.kl_controller is None and self.kl_coef == 0:
+            raise ValueError(f"kl_coef: objective {self.objective!r} needs kl_coef > 0 or a kl_controller")
+
+    def _check_anchor(self) -> None:
         if (self.anchor_agent is None) != (self.anchor_obs is None):
             raise ValueError("anchor_obs: give anchor_agent and anchor_obs together (or neither)")
         if self.anchor_coef > 0 and self.anchor_agent is None:
             raise ValueError("anchor_coef: > 0 needs an anchor_agent and anchor_obs")
-        if "kl_penalty" in self.objective and self.kl_controller is None and self.kl_coef == 0:
-            raise ValueError(f"kl_coef: objective {self.objective!r} needs kl_coef > 0 or a kl_controller")
-        hs = tuple(self.hidden_sizes)
-        if not hs or any(not isinstance(h, int) or h < 1 for h in hs):
-            raise ValueError(f"hidden_sizes: must be a non-empty tuple of positive integers, got {self.hidden_sizes!r}")
-        self.hidden_sizes = hs
-
-
-class FusedAdam:
-    """Adam (Kingma and Ba 2015) through PyTorch's fused kernel, called directly.
-
-    The update is the one of ``torch.optim.Adam(params, lr, eps=eps, fused=True)`` (a test
-    checks they agree). ``torch.optim.Adam.step`` spends about as long on Python
-    bookkeeping as on arithmetic for a model this small; here the state lists are built once.
-    ``lr`` may be changed between steps.
-    """
-
-    def __init__(self, params, lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8):
-        self.params = [p for p in params if p.requires_grad]
-        if not self.params:
-            raise ValueError("params: no parameter requires a gradient")
-        self.lr, self.betas, self.eps = float(lr), betas, float(eps)
-        self.exp_avgs = [torch.zeros_like(p) for p in self.params]
-        self.exp_avg_sqs = [torch.zeros_like(p) for p in self.params]
-        self.steps = [torch.zeros((), dtype=torch.float32, device=p.device) for p in self.params]
-
-    def zero_grad(self) -> None:
-        for p in self.params:
-            p.grad = None
-
-    @torch.no_grad()
-    def step(self) -> None:
-        idx = [i for i, p in enumerate(self.params) if p.grad is not None]
-        if len(idx) < len(self.params):  # parameters without a gradient keep their state
-            pick = lambda xs: [xs[i] for i in idx]  # noqa: E731
-        else:
-            pick = lambda xs: xs  # noqa: E731
-        params, steps = pick(self.params), pick(self.steps)
-        torch._foreach_add_(steps, 1)
-        torch._fused_adam_(params, [p.grad for p in params], pick(self.exp_avgs), pick(self.exp_avg_sqs),
-                           [], steps, lr=self.lr, beta1=self.betas[0], beta2=self.betas[1],
-                           weight_decay=0.0, eps=self.eps, amsgrad=False, maximize=False)
 
 
 # =====================================================================================
@@ -501,8 +461,8 @@ class Agent(nn.Module):
                  reduce: str = "sum") -> torch.Tensor:
         """Per-state ``KL(pi_old(.|s) || pi_new(.|s))`` from the closed forms."""
         if self.discrete:
-            return _monitor.categorical_kl(old[0], new[0])
-        return _monitor.gaussian_kl(old[0], old[1], new[0], new[1], reduce=reduce)
+            return kl_from_log_probs(torch.log_softmax(old[0], -1), torch.log_softmax(new[0], -1))
+        return gaussian_kl(old[0], old[1], new[0], new[1], reduce=reduce)
 
 
 def check_logprobs_fresh(logprob_version: int, rollout_version: int) -> None:
@@ -535,6 +495,8 @@ class PPOResult:
     config: PPOConfig
     kl_controller: Any
     """The (copied) controller after training, or None for clip-only runs."""
+    hyperparameters: dict[str, Any] = field(default_factory=dict)
+    """Every hyperparameter of the run (:meth:`PPOConfig.hyperparameters`)."""
     ent_controller: Any = None
     """The (copied) entropy-coefficient controller after training, or None."""
     episode_returns: list[float] = field(default_factory=list)
@@ -564,16 +526,44 @@ class PPOResult:
 # Training
 # =====================================================================================
 
+def gae(rewards: torch.Tensor, values: torch.Tensor, next_value: torch.Tensor, done: torch.Tensor,
+        gamma: float, lam: float) -> torch.Tensor:
+    """GAE advantages (Schulman et al. 2016) of a rollout; time is the first dimension.
+
+    ``delta_t = r_t + gamma V(s_{t+1}) (1 - done_t) - V(s_t)``,
+    ``A_t = delta_t + gamma lambda (1 - done_t) A_{t+1}``; ``rewards``, ``values`` and ``done``
+    are ``(T, ...)``, ``next_value`` is ``V`` of the observation after the last step.
+    """
+    T = rewards.shape[0]
+    nonterminal = (~done).float()
+    next_values = torch.cat([values[1:], next_value[None]])
+    deltas = rewards + gamma * next_values * nonterminal - values
+    decay = (gamma * lam) * nonterminal
+    adv_rows = [deltas[T - 1]]
+    for t in range(T - 2, -1, -1):
+        adv_rows.append(torch.addcmul(deltas[t], decay[t], adv_rows[-1]))
+    return torch.stack(adv_rows[::-1])
+
+
+def surrogate_loss(ratio: torch.Tensor, adv: torch.Tensor, clip: float, objective: str) -> torch.Tensor:
+    """``-mean(min(r A, clip(r, 1-eps, 1+eps) A))`` (objectives with "clip") or ``-mean(r A)``,
+    averaged over the last dimension (a minibatch, or each seed's minibatch)."""
+    if "clip" in objective:
+        return torch.max(-adv * ratio, -adv * ratio.clamp(1.0 - clip, 1.0 + clip)).mean(-1)
+    return (-adv * ratio).mean(-1)
+
+
 def _kl_penalty_term(agent: Agent, cfg: PPOConfig, old_params, new_params, logratio) -> torch.Tensor:
-    """The mean KL term in the loss, estimating KL(pi_old || pi_theta) on the minibatch."""
+    """The mean KL term in the loss, estimating KL(pi_old || pi_theta) on the minibatch (the
+    mean over the last dimension)."""
     est = cfg.kl_penalty_estimator
     if est == "exact":
-        return agent.exact_kl(old_params, new_params, reduce=cfg.kl_action_reduce).mean()
+        return agent.exact_kl(old_params, new_params, reduce=cfg.kl_action_reduce).mean(-1)
     if est == "k1":
-        return (-logratio).mean()
+        return _estimators.k1_from_log_ratio(logratio).mean(-1)
     if est == "k2":
-        return (0.5 * logratio ** 2).mean()
-    return (torch.expm1(logratio) - logratio).mean()  # k3
+        return _estimators.k2_from_log_ratio(logratio).mean(-1)
+    return _estimators.k3_from_log_ratio(logratio).mean(-1)
 
 
 def _custom_policy_loss(fn, new_params, old_params, actions, advantages, beta: float,
@@ -606,7 +596,7 @@ def train(config: PPOConfig | None = None, progress: bool = True,
     if not isinstance(cfg, PPOConfig):
         raise ValueError(f"config: expected a PPOConfig, got {type(cfg).__name__}")
     t_start = time.perf_counter()
-    device = _envs._resolve_device(None if cfg.device == "auto" else cfg.device)
+    device = _envs.resolve_device(None if cfg.device == "auto" else cfg.device)
     torch.manual_seed(cfg.seed)
     sample_gen = torch.Generator(device=device)
     sample_gen.manual_seed(cfg.seed + 1_000_003)
@@ -634,14 +624,13 @@ def train(config: PPOConfig | None = None, progress: bool = True,
     ent_ctrl = copy.deepcopy(cfg.ent_controller) if cfg.ent_controller is not None else None
     if ent_ctrl is not None and not env.discrete:
         raise ValueError("ent_controller: KL to the uniform policy needs a categorical policy (discrete actions)")
-    if cfg.fused_adam:
-        optimizer = FusedAdam(agent.parameters(), lr=cfg.learning_rate, eps=cfg.adam_eps)
-    else:
-        optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.learning_rate, eps=cfg.adam_eps)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.learning_rate, eps=cfg.adam_eps,
+                                 fused=True if cfg.fused_adam else None)
     all_params = list(agent.parameters())
     actor_params = [p for n, p in agent.named_parameters() if not n.startswith("critic.")]
 
     uses_penalty = "kl_penalty" in cfg.objective
+    builtin_penalty = uses_penalty and cfg.policy_loss_fn is None   # a policy_loss_fn brings its own
     controller = copy.deepcopy(cfg.kl_controller) if cfg.kl_controller is not None else (
         _ConstantBeta(cfg.kl_coef) if uses_penalty else None)
     kl_monitor = _monitor.KLMonitor(cfg.kl_ema_decay)
@@ -653,7 +642,8 @@ def train(config: PPOConfig | None = None, progress: bool = True,
     act_shape = () if env.discrete else (env.action_dim,)
 
     history: dict[str, list] = {k: [] for k in HISTORY_KEYS}
-    result = PPOResult(history=history, agent=agent, config=cfg, kl_controller=controller)
+    result = PPOResult(history=history, agent=agent, config=cfg, kl_controller=controller,
+                       hyperparameters=cfg.hyperparameters())
     result.ent_controller = ent_ctrl
     recent = deque(maxlen=cfg.solve_window)
     obs = env.reset(seed=cfg.seed)
@@ -665,11 +655,8 @@ def train(config: PPOConfig | None = None, progress: bool = True,
         frac = 1.0 - (update - 1.0) / num_updates
         lr = cfg.learning_rate * frac if cfg.anneal_lr else cfg.learning_rate
         clip = cfg.clip_coef * frac if cfg.anneal_clip else cfg.clip_coef
-        if cfg.fused_adam:
-            optimizer.lr = lr
-        else:
-            for group in optimizer.param_groups:
-                group["lr"] = lr
+        for group in optimizer.param_groups:
+            group["lr"] = lr
 
         # ---- 1. rollout: only the actor runs per step ------------------------------------------
         rollout_version = agent.version
@@ -717,16 +704,7 @@ def train(config: PPOConfig | None = None, progress: bool = True,
             if trunc_buf.any():                      # bootstrap truncated episodes from V(final obs)
                 final_v = agent.value(final_obs_buf.reshape(batch_size, env.obs_dim)).reshape(T, N)
                 rewards = rewards + cfg.gamma * final_v * trunc_buf
-            # GAE: delta_t = r_t + gamma V(s_{t+1}) (1 - done_t) - V(s_t);
-            #      A_t = delta_t + gamma lambda (1 - done_t) A_{t+1}
-            nonterminal = (~done_buf).float()
-            next_values = torch.cat([values[1:], next_value[None]])
-            deltas = rewards + cfg.gamma * next_values * nonterminal - values
-            decay = (cfg.gamma * cfg.gae_lambda) * nonterminal
-            adv_rows = [deltas[T - 1]]
-            for t in range(T - 2, -1, -1):
-                adv_rows.append(torch.addcmul(deltas[t], decay[t], adv_rows[-1]))
-            advantages = torch.stack(adv_rows[::-1])
+            advantages = gae(rewards, values, next_value, done_buf, cfg.gamma, cfg.gae_lambda)
             returns = advantages + values
             b_adv = advantages.reshape(-1)
             b_returns = returns.reshape(-1)
@@ -779,28 +757,22 @@ def train(config: PPOConfig | None = None, progress: bool = True,
                 mb_adv = take(b_adv)
                 if cfg.norm_adv and mb is not None:
                     mb_adv = (mb_adv - mb_adv.mean()) / (mb_adv.std() + 1e-8)
-                if "clip" in cfg.objective:
-                    pg_loss = torch.max(-mb_adv * ratio,
-                                        -mb_adv * ratio.clamp(1.0 - clip, 1.0 + clip)).mean()
-                else:
-                    pg_loss = (-mb_adv * ratio).mean()
-                if uses_penalty:
-                    penalty = _kl_penalty_term(agent, cfg, mb_old, new_params, logratio)
+                if cfg.policy_loss_fn is None:        # the built-in objective
+                    pg_loss = surrogate_loss(ratio, mb_adv, clip, cfg.objective)
+                    if uses_penalty:
+                        penalty = _kl_penalty_term(agent, cfg, mb_old, new_params, logratio)
                 v_loss = 0.5 * ((agent.value(mb_obs) - take(b_returns)) ** 2).mean()
+                if cfg.policy_loss_fn is not None:    # a pluggable loss replaces the built-in one
+                    pg_loss = _custom_policy_loss(cfg.policy_loss_fn, new_params, mb_old,
+                                                  take(b_actions), mb_adv, beta, clip)
                 loss = pg_loss + cfg.vf_coef * v_loss
                 if ent_coef != 0.0:
                     loss = loss - ent_coef * agent.entropy(new_params).mean()
-                if uses_penalty:
+                if builtin_penalty:
                     loss = loss + beta * penalty
-                if cfg.policy_loss_fn is not None:    # a pluggable loss replaces the objective above
-                    pg_loss = _custom_policy_loss(cfg.policy_loss_fn, new_params, mb_old,
-                                                  take(b_actions), mb_adv, beta, clip)
-                    loss = pg_loss + cfg.vf_coef * v_loss
-                    if ent_coef != 0.0:
-                        loss = loss - ent_coef * agent.entropy(new_params).mean()
-                elif uses_penalty and cfg.monitor_grad_ratio and i == len(minibatches) - 1:
-                    # measured on the last minibatch of each epoch; the last value is logged
-                    grad_ratio = _monitor.grad_norm_ratio(beta * penalty, pg_loss, actor_params)
+                    if cfg.monitor_grad_ratio and i == len(minibatches) - 1:
+                        # measured on the last minibatch of each epoch; the last value is logged
+                        grad_ratio = _monitor.grad_norm_ratio(beta * penalty, pg_loss, actor_params)
                 if anchor is not None and cfg.anchor_coef > 0:   # stay close to pi_A on its states
                     loss = loss + cfg.anchor_coef * agent.exact_kl(anchor[1], agent.dist_params(anchor[0])).mean()
 
@@ -817,7 +789,7 @@ def train(config: PPOConfig | None = None, progress: bool = True,
                     lr_now = agent.log_prob(agent.dist_params(b_obs), b_actions) - b_logprobs
                     if not cfg.bug_no_logratio_clamp:
                         lr_now = lr_now.clamp(-cfg.logratio_clamp, cfg.logratio_clamp)
-                    k3_now = (torch.expm1(lr_now) - lr_now).mean().item()
+                    k3_now = _estimators.k3_from_log_ratio(lr_now).mean().item()
                 if k3_now > cfg.target_kl:
                     break
 
@@ -847,7 +819,7 @@ def train(config: PPOConfig | None = None, progress: bool = True,
             "update": update, "global_step": global_step,
             "wall_time": time.perf_counter() - t_start, "policy_version": agent.version,
             "learning_rate": lr, "clip_coef": clip, "beta": beta, **stats,
-            "kl_penalty_value": float(penalty.detach()) if uses_penalty else 0.0,
+            "kl_penalty_value": float(penalty.detach()) if builtin_penalty else 0.0,
             "clip_frac": torch.stack(clipfracs).mean().item(), "entropy": entropy,
             "grad_ratio": grad_ratio, "policy_loss": float(pg_loss.detach()),
             "value_loss": float(v_loss.detach()),
@@ -871,6 +843,356 @@ def train(config: PPOConfig | None = None, progress: bool = True,
     bar.close()
     result.wall_time = time.perf_counter() - t_start
     return result
+
+
+# =====================================================================================
+# Many seeds as one computation: train_seeds
+# =====================================================================================
+# K seeds train together: each weight of the K actors (and critics) is one tensor (K, out, in),
+# the K seeds' environments are one envs.SeedBatch of K * num_envs copies, and each layer is
+# one batched matrix product (torch.baddbmm) for all seeds. Every seed still draws its random
+# numbers from its own generators exactly as train() draws them (initial weights, actions,
+# initial states, minibatch permutations), so on the CPU seed s of a batched run is the run
+# train(seed=s): the same actions and the same statistics (bit for bit on this machine's
+# kernels; a test checks it to a float tolerance). A seed that reaches stop_at_return is
+# taken out of the batch; the others go on.
+
+class AgentEnsemble:
+    """K categorical :class:`Agent` s with their weights stacked along a first dimension.
+
+    ``params`` follow ``Agent.named_parameters()``'s order, each of shape ``(K, ...)``.
+    :meth:`logits` and :meth:`value` take observations ``(K, B, obs_dim)``.
+    """
+
+    def __init__(self, agents: list[Agent]):
+        if not agents or any(not a.discrete for a in agents):
+            raise ValueError("agents: need one or more categorical-policy Agents")
+        self.proto = agents[0]                   # log_prob, entropy, exact_kl work on any batch shape
+        self.names = [n for n, _ in agents[0].named_parameters()]
+        self.params = [torch.stack([dict(a.named_parameters())[n].detach() for a in agents]).requires_grad_()
+                       for n in self.names]
+        self.version = [a.version for a in agents]
+
+    def _layers(self, net: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        p = [t for n, t in zip(self.names, self.params) if n.startswith(net + ".")]
+        return list(zip(p[0::2], p[1::2]))           # (weight, bias) per Linear layer
+
+    def _forward(self, net: str, x: torch.Tensor) -> torch.Tensor:
+        layers = self._layers(net)
+        for i, (w, b) in enumerate(layers):
+            # Three layouts of one product x W^T + b, chosen so that the kernels compute what
+            # F.linear and its backward compute for one seed, bit for bit (measured on the CPU)
+            if w.shape[1] == 1:                  # the value head: one F.linear per seed
+                x = torch.stack([nn.functional.linear(x[k], w[k], b[k]) for k in range(len(w))])
+            elif i == 0:                         # the input layer as (W x^T)^T
+                x = torch.baddbmm(b[:, :, None], w, x.transpose(1, 2)).transpose(1, 2)
+            else:
+                x = torch.baddbmm(b[:, None, :], x, w.transpose(1, 2))
+            if i < len(layers) - 1:
+                x = torch.tanh(x)
+        return x
+
+    def logits(self, obs: torch.Tensor) -> torch.Tensor:
+        """``(K, B, n_actions)`` logits of ``pi_theta(.|s)``."""
+        return self._forward("actor", obs)
+
+    def value(self, obs: torch.Tensor) -> torch.Tensor:
+        """``(K, B)`` values ``V(s)``."""
+        return self._forward("critic", obs).squeeze(-1)
+
+    def agent(self, k: int) -> Agent:
+        """Member ``k`` as a plain :class:`Agent` (a copy of its weights)."""
+        a = copy.deepcopy(self.proto)
+        with torch.no_grad():
+            for (_, p), q in zip(a.named_parameters(), self.params):
+                p.copy_(q[k])
+        a.version = self.version[k]
+        return a
+
+    def keep(self, members: list[int]) -> list[torch.Tensor]:
+        """Keep only ``members``; returns the new parameter tensors."""
+        idx = torch.as_tensor(members, dtype=torch.long, device=self.params[0].device)
+        self.params = [p.detach().index_select(0, idx).requires_grad_() for p in self.params]
+        self.version = [self.version[k] for k in members]
+        return self.params
+
+
+#: Config fields :func:`train_seeds` does not batch (train those seeds one by one with :func:`train`).
+NOT_BATCHED = ("policy_loss_fn", "init_agent", "anchor_agent", "bug_recompute_old_logprobs",
+               "bug_flip_logratio", "bug_no_logratio_clamp", "bug_no_std_floor")
+
+
+def _member_grad_norms(loss: torch.Tensor, params: list[torch.Tensor]) -> list[float]:
+    """``||grad of loss[k]||`` over member ``k``'s slice of ``params``, for every member."""
+    grads = torch.autograd.grad(loss.sum(), params, retain_graph=True, allow_unused=True)
+    sq = [g.pow(2).flatten(1).sum(1) for g in grads if g is not None]
+    return [math.sqrt(x) for x in torch.stack(sq, 1).sum(1).tolist()]
+
+
+def train_seeds(config: PPOConfig | None = None, seeds: Sequence[int] = range(10), progress: bool = True,
+                callback: Callable[[int, int, "Agent", dict], Any] | None = None) -> list[PPOResult]:
+    """Train ``config`` once per seed in ``seeds``, all seeds as one batched computation.
+
+    Returns one :class:`PPOResult` per seed, in the order of ``seeds``, each as
+    ``train(replace(config, seed=s))`` returns it (the same history keys, one entry per update
+    of that seed; ``wall_time`` and ``solved_at_time`` are seconds since the start of the
+    batched run). A seed stops at ``stop_at_return`` as alone; the others go on.
+    ``callback(seed, update, agent, record)`` is called after each update of each seed with a
+    copy of that seed's agent. Categorical policies only (CartPole, DeceptiveChain), and none
+    of the fields in :data:`NOT_BATCHED`.
+    """
+    cfg = config if config is not None else PPOConfig()
+    if not isinstance(cfg, PPOConfig):
+        raise ValueError(f"config: expected a PPOConfig, got {type(cfg).__name__}")
+    seeds = list(seeds)
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds: need distinct seeds, got {seeds!r}")
+    cfgs = [replace(cfg, seed=s) for s in seeds]     # checks every seed
+    for name in NOT_BATCHED:
+        if getattr(cfg, name) not in (None, False):
+            raise ValueError(f"{name}: not supported by train_seeds; train these seeds one by one with train()")
+    if callback is not None and not callable(callback):
+        raise ValueError(f"callback: must be callable or None, got {type(callback).__name__}")
+    t_start = time.perf_counter()
+    device = _envs.resolve_device(None if cfg.device == "auto" else cfg.device)
+    env = _envs.SeedBatch(cfg.env, cfg.num_envs, seeds, device=device, **(cfg.env_kwargs or {}))
+    if not env.discrete:
+        raise ValueError(f"env: train_seeds batches categorical policies only, got {cfg.env!r}")
+    agents, sample_gens, perm_gens = [], [], []
+    for s in seeds:                                  # each seed's generators, drawn as train() draws them
+        torch.manual_seed(s)
+        agents.append(Agent(env.obs_dim, n_actions=env.n_actions, hidden_sizes=cfg.hidden_sizes,
+                            log_std_init=cfg.log_std_init, std_min=cfg.std_min).to(device))
+        perm_gens.append(torch.Generator().manual_seed(0))
+        perm_gens[-1].set_state(torch.get_rng_state())   # train()'s randperm uses the global generator
+        sample_gens.append(torch.Generator(device=device).manual_seed(s + 1_000_003))
+    ens = AgentEnsemble(agents)
+    proto = ens.proto
+    optimizer = _optim.EnsembleAdam(ens.params, lr=cfg.learning_rate, eps=cfg.adam_eps)
+    actor_idx = [i for i, n in enumerate(ens.names) if not n.startswith("critic.")]
+
+    uses_penalty = "kl_penalty" in cfg.objective
+    controllers = [copy.deepcopy(cfg.kl_controller) if cfg.kl_controller is not None else
+                   (_ConstantBeta(cfg.kl_coef) if uses_penalty else None) for _ in seeds]
+    ent_ctrls = [copy.deepcopy(cfg.ent_controller) if cfg.ent_controller is not None else None for _ in seeds]
+    monitors = [_monitor.KLMonitor(cfg.kl_ema_decay) for _ in seeds]
+    T, N = cfg.num_steps, cfg.num_envs
+    batch_size = T * N
+    minibatch_size = batch_size // cfg.num_minibatches
+    num_updates = cfg.total_timesteps // batch_size
+    results = [PPOResult(history={k: [] for k in HISTORY_KEYS}, agent=None, config=c, kl_controller=ctrl,
+                         ent_controller=ec, hyperparameters=c.hyperparameters())
+               for c, ctrl, ec in zip(cfgs, controllers, ent_ctrls)]
+    recents = [deque(maxlen=cfg.solve_window) for _ in seeds]
+    live = list(range(len(seeds)))                   # result index of each member still training
+    obs = env.obs
+    ep_start = torch.ones(len(seeds), N, dtype=torch.long, device=device)
+    global_step = 0
+
+    bar = tqdm(range(1, num_updates + 1), disable=not progress, desc=f"PPO {cfg.env} x{len(seeds)} seeds",
+               mininterval=1.0)
+    for update in bar:
+        K = len(live)
+        frac = 1.0 - (update - 1.0) / num_updates
+        optimizer.lr = cfg.learning_rate * frac if cfg.anneal_lr else cfg.learning_rate
+        clip = cfg.clip_coef * frac if cfg.anneal_clip else cfg.clip_coef
+
+        # ---- 1. rollout: each seed's Exp(1) draws for the Gumbel-max trick, then the steps -------
+        rollout_version = list(ens.version)
+        with torch.no_grad():
+            log_e = torch.stack([torch.empty(T, N, env.n_actions, device=device).exponential_(generator=sample_gens[i])
+                                 for i in live], 1).log()                       # (T, K, N, A)
+            steps = []
+            for t in range(T):
+                action = torch.argmax(ens.logits(obs) - log_e[t], -1)           # (K, N)
+                next_obs, reward, term, trunc, info = env.step(action)
+                steps.append((obs, action, reward, term, trunc, info["final_obs"],
+                              info["episode_return"], info["episode_length"]))
+                obs = next_obs
+            obs_buf, act_buf, rew_buf, term_buf, trunc_buf, final_obs_buf, epret_buf, eplen_buf = (
+                torch.stack(column) for column in zip(*steps))                  # each (T, K, N, ...)
+        global_step += batch_size
+
+        # episode statistics, per seed in train()'s order (time-major), with one device sync
+        done_buf = term_buf | trunc_buf
+        start_rows = []
+        for t in range(T):
+            start_rows.append(ep_start)
+            ep_start = torch.where(done_buf[t], update if t < T - 1 else update + 1, ep_start)
+        d = done_buf.transpose(0, 1)
+        table = torch.stack([x.transpose(0, 1).double()[d] for x in (torch.stack(start_rows), epret_buf, eplen_buf)], 1)
+        counts, rows = d.sum((1, 2)).tolist(), table.tolist()
+        ep_mean = []
+        for k, i in enumerate(live):
+            res, mine = results[i], rows[sum(counts[:k]):sum(counts[:k + 1])]
+            res.episode_start_updates.extend(int(r[0]) for r in mine)
+            res.episode_returns.extend(r[1] for r in mine)
+            res.episode_lengths.extend(int(r[2]) for r in mine)
+            res.episode_end_updates.extend([update] * len(mine))
+            res.episode_end_steps.extend([global_step] * len(mine))
+            recents[i].extend(r[1] for r in mine)
+            ep_mean.append(sum(recents[i]) / len(recents[i]) if recents[i] else float("nan"))
+
+        # ---- 2. old log-probs, values and advantages, batched over seeds and the rollout ------------
+        def per_seed(x):                             # (T, K, N, ...) -> (K, T * N, ...), train()'s order
+            return x.transpose(0, 1).reshape(K, batch_size, *x.shape[3:])
+        b_obs, b_actions = per_seed(obs_buf), per_seed(act_buf)
+        # The first step of epoch 0 (with full-batch steps) evaluates the rollout's policy on the
+        # whole batch, as this does: compute it once, with gradients, and reuse it there.
+        with torch.set_grad_enabled(cfg.num_minibatches == 1):
+            first = (ens.logits(b_obs), ens.value(b_obs))
+        with torch.no_grad():
+            old_logits = first[0].detach()
+            b_logprobs = proto.log_prob((old_logits,), b_actions)
+            values = first[1].detach().reshape(K, T, N).transpose(0, 1)
+            rewards = rew_buf * cfg.reward_scale
+            if trunc_buf.any():                      # bootstrap truncated episodes from V(final obs)
+                final_v = ens.value(per_seed(final_obs_buf)).reshape(K, T, N).transpose(0, 1)
+                rewards = rewards + cfg.gamma * final_v * trunc_buf
+            advantages = gae(rewards, values, ens.value(obs), done_buf, cfg.gamma, cfg.gae_lambda)
+            b_adv, b_returns = per_seed(advantages), per_seed(advantages + values)
+            b_values = per_seed(values)
+
+        # ---- 3. optimise, every seed on its own minibatches ----------------------------------------
+        betas = [float(controllers[i].value) if controllers[i] is not None else 0.0 for i in live]
+        ent_coefs = [float(ent_ctrls[i].value) if ent_ctrls[i] is not None else cfg.ent_coef for i in live]
+        beta, ent_coef = (torch.tensor(x, device=device) for x in (betas, ent_coefs))
+        use_ent = any(c != 0.0 for c in ent_coefs)
+        stepping = [True] * K                        # False once target_kl stopped a seed's epochs
+        n_steps, epochs_run, grad_ratio = [0] * K, [0] * K, [0.0] * K
+        clipfracs, last = [], None                   # last: (pg, v, penalty) of each seed's last step
+        rows_k = torch.arange(K, device=device)[:, None]
+        if cfg.norm_adv and cfg.num_minibatches == 1:
+            b_adv = (b_adv - b_adv.mean(-1, keepdim=True)) / (b_adv.std(-1, keepdim=True) + 1e-8)
+        for epoch in range(cfg.update_epochs):
+            if cfg.num_minibatches == 1:
+                minibatches = [None]
+            else:
+                perms = torch.stack([torch.randperm(batch_size, generator=perm_gens[i]) if s  # as train()
+                                     else torch.arange(batch_size) for i, s in zip(live, stepping)]).to(device)
+                minibatches = perms.split(minibatch_size, 1)
+            for j, mb in enumerate(minibatches):
+                take = (lambda x: x) if mb is None else (lambda x, mb=mb: x[rows_k, mb])  # noqa: E731
+                reuse = mb is None and epoch == 0
+                new_logits = first[0] if reuse else ens.logits(take(b_obs))
+                newlogprob = proto.log_prob((new_logits,), take(b_actions))
+                mb_logprobs = take(b_logprobs)
+                if cfg.check_policy_version and epoch == 0 and j == 0:
+                    gap = (newlogprob.detach() - mb_logprobs).abs().max().item()
+                    if not gap <= 1e-3:
+                        raise StaleLogProbError(f"stored old log-probs differ from the rollout policy's by {gap:.3g}")
+                logratio = (newlogprob - mb_logprobs).clamp(-cfg.logratio_clamp, cfg.logratio_clamp)
+                ratio = logratio.exp()
+                with torch.no_grad():
+                    clipfracs.append(((ratio - 1.0).abs() > clip).float().mean(-1))
+                mb_adv = take(b_adv)
+                if cfg.norm_adv and mb is not None:
+                    mb_adv = (mb_adv - mb_adv.mean(-1, keepdim=True)) / (mb_adv.std(-1, keepdim=True) + 1e-8)
+                pg_loss = surrogate_loss(ratio, mb_adv, clip, cfg.objective)
+                if uses_penalty:
+                    penalty = _kl_penalty_term(proto, cfg, (take(old_logits),), (new_logits,), logratio)
+                v_loss = 0.5 * (((first[1] if reuse else ens.value(take(b_obs))) - take(b_returns)) ** 2).mean(-1)
+                loss = pg_loss + cfg.vf_coef * v_loss
+                if use_ent:
+                    loss = loss - ent_coef * proto.entropy((new_logits,)).mean(-1)
+                if uses_penalty:
+                    loss = loss + beta * penalty
+                    if cfg.monitor_grad_ratio and j == len(minibatches) - 1:
+                        actor = [ens.params[p] for p in actor_idx]
+                        num, den = (_member_grad_norms(x, actor) for x in (beta * penalty, pg_loss))
+                        for k in range(K):
+                            if stepping[k]:
+                                grad_ratio[k] = (num[k] / den[k] if den[k] else (0.0 if num[k] == 0 else math.inf))
+                optimizer.zero_grad()
+                loss.sum().backward()
+                if cfg.max_grad_norm is not None:    # clip_grad_norm_ of each seed's own gradient
+                    grads = [p.grad for p in ens.params]
+                    norms = torch.stack([torch.linalg.vector_norm(g.flatten(1), dim=1) for g in grads], 1)
+                    coef = (cfg.max_grad_norm / (torch.linalg.vector_norm(norms, dim=1) + 1e-6)).clamp(max=1.0)
+                    for g in grads:
+                        g.mul_(coef.reshape(K, *[1] * (g.ndim - 1)))
+                members = [k for k in range(K) if stepping[k]]
+                optimizer.step(None if len(members) == K else members)
+                now = torch.stack([pg_loss.detach(), v_loss.detach(),
+                                   penalty.detach() if uses_penalty else torch.zeros_like(v_loss)])
+                mask = torch.tensor(stepping, device=device)
+                last = now if last is None else torch.where(mask, now, last)
+                for k in members:
+                    ens.version[k] += 1
+                    n_steps[k] += 1
+            for k in members:
+                epochs_run[k] = epoch + 1
+            if cfg.target_kl is not None and epoch < cfg.update_epochs - 1:
+                with torch.no_grad():
+                    lr_now = (proto.log_prob((ens.logits(b_obs),), b_actions) - b_logprobs).clamp(
+                        -cfg.logratio_clamp, cfg.logratio_clamp)
+                    k3_now = _estimators.k3_from_log_ratio(lr_now).mean(-1).tolist()
+                stepping = [s and not k3 > cfg.target_kl for s, k3 in zip(stepping, k3_now)]
+                if not any(stepping):
+                    break
+
+        # ---- 4. monitor each seed on its whole batch ------------------------------------------------
+        with torch.no_grad():
+            new_full = ens.logits(b_obs)
+            exact = proto.exact_kl((old_logits,), (new_full,))
+            full_logratio = proto.log_prob((new_full,), b_actions) - b_logprobs
+            ent_states = proto.entropy((new_full,))
+            # per seed: var() of a whole row rounds as train() does, var(-1) of the stack not quite
+            var_y = torch.stack([y.var() for y in b_returns])
+            var_res = torch.stack([y.var() for y in b_returns - b_values])
+            cf = torch.stack(clipfracs, 1)           # (K, steps): a stopped seed's steps are a prefix
+            cf_mean = (cf.mean(-1) if min(n_steps) == len(clipfracs)
+                       else torch.stack([cf[k, :n_steps[k]].mean() for k in range(K)]))
+            per = torch.stack([ent_states.mean(-1), (math.log(env.n_actions) - ent_states).mean(-1),
+                               1 - var_res / var_y, var_y, cf_mean, *last]).tolist()
+        finished = []
+        for k, i in enumerate(live):
+            entropy, kl_uniform, ev, vy, clip_frac, pg, vl, pen = (col[k] for col in per)
+            stats = monitors[i].record(exact[k], full_logratio[k])
+            if not math.isfinite(stats["kl_exact_mean"]):
+                raise FloatingPointError(f"seed {seeds[i]}: the KL after update {update} is "
+                                         f"{stats['kl_exact_mean']}: the policy diverged")
+            if controllers[i] is not None:
+                controllers[i].update(stats["kl_exact_mean"], batch_size)
+            if ent_ctrls[i] is not None:
+                ent_ctrls[i].update(kl_uniform, batch_size)
+            res = results[i]
+            rec = {"update": update, "global_step": global_step, "wall_time": time.perf_counter() - t_start,
+                   "policy_version": ens.version[k], "learning_rate": optimizer.lr, "clip_coef": clip,
+                   "beta": betas[k], **stats,
+                   "kl_penalty_value": pen if uses_penalty else 0.0, "clip_frac": clip_frac,
+                   "entropy": entropy, "grad_ratio": grad_ratio[k], "policy_loss": pg, "value_loss": vl,
+                   "epochs_run": epochs_run[k], "explained_variance": ev if vy > 0 else float("nan"),
+                   "episodic_return": ep_mean[k], "episodes_finished": len(res.episode_returns),
+                   "ent_coef": ent_coefs[k], "kl_uniform_mean": kl_uniform, "anchor_kl": 0.0}
+            for key in HISTORY_KEYS:
+                res.history[key].append(rec[key])
+            if callback is not None:
+                callback(seeds[i], update, ens.agent(k), rec)
+            if (cfg.stop_at_return is not None and len(recents[i]) == cfg.solve_window
+                    and ep_mean[k] >= cfg.stop_at_return):
+                res.solved, res.solved_at_step = True, global_step
+                res.solved_at_time = time.perf_counter() - t_start
+                finished.append(k)
+        for k in finished:
+            results[live[k]].agent = ens.agent(k)
+            results[live[k]].wall_time = time.perf_counter() - t_start
+        if finished:                                 # take the solved seeds out of the batch
+            keep = [k for k in range(K) if k not in finished]
+            if not keep:
+                break
+            optimizer.keep(keep, ens.keep(keep))
+            env.keep(keep)
+            live = [live[k] for k in keep]
+            obs, ep_start = obs[keep], ep_start[keep]
+        if progress and update % 10 == 0:
+            bar.set_postfix(seeds_left=len(live), refresh=False)
+    bar.close()
+    for k, i in enumerate(live):
+        if results[i].agent is None:
+            results[i].agent = ens.agent(k)
+            results[i].wall_time = time.perf_counter() - t_start
+    return results
 
 
 def evaluate(agent: Agent, env: str = "CartPole", num_episodes: int = 16, seed: int = 12345,

@@ -317,3 +317,43 @@ def test_deceptive_chain_bad_arguments():
         envs.DeceptiveChain(2, action_seed=1.5)
     with pytest.raises(ValueError, match="action"):
         envs.DeceptiveChain(2).step(torch.zeros(3, dtype=torch.long))
+
+
+def test_resolve_device():
+    assert envs.resolve_device("cpu") == torch.device("cpu")
+    assert envs.resolve_device(None).type in ("cpu", "cuda")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="device"):
+            envs.resolve_device("cuda")
+
+
+@pytest.mark.parametrize("name, kwargs", [("CartPole", {}), ("DeceptiveChain", {"length": 4}),
+                                          ("PendulumArray", {})])
+def test_seed_batch_steps_each_member_as_its_own_env(name, kwargs):
+    """A SeedBatch of K seeds, driven by the same actions, reproduces K environments stepped one
+    by one (make_env(seed=s) then reset(seed=s)), also after dropping members."""
+    seeds, n = [3, 0, 7], 5
+    alone = [envs.make_env(name, n, seed=s, **kwargs) for s in seeds]
+    first = [e.reset(seed=s) for e, s in zip(alone, seeds)]
+    batch = envs.SeedBatch(name, n, seeds, **kwargs)
+    assert torch.equal(batch.obs, torch.stack(first))
+    gen = torch.Generator().manual_seed(0)
+    finished = 0
+    for t in range(300):
+        k = batch.num_members
+        act = (torch.randint(0, 2, (k, n), generator=gen) if batch.discrete
+               else torch.randn(k, n, batch.action_dim, generator=gen))
+        obs, rew, term, trunc, info = batch.step(act)
+        for i, e in enumerate(alone):
+            o, r, te, tr, inf = e.step(act[i])
+            assert torch.equal(obs[i], o) and torch.equal(rew[i], r)
+            assert torch.equal(term[i], te) and torch.equal(trunc[i], tr)
+            assert torch.equal(info["final_obs"][i], inf["final_obs"])
+            assert torch.equal(info["episode_return"][i], inf["episode_return"])
+            finished += int((te | tr).sum())
+        if t == 150:
+            batch.keep([2, 0])
+            alone = [alone[2], alone[0]]
+    assert finished > 0                      # resets happened (else the test checks less than it says)
+    with pytest.raises(ValueError, match="seeds"):
+        envs.SeedBatch(name, n, [], **kwargs)

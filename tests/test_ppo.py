@@ -75,25 +75,35 @@ def test_gumbel_max_sampling_frequencies():
         assert abs(freq - p) < 5 * math.sqrt(p * (1 - p) / n)  # 5 standard errors
 
 
-def test_fused_adam_matches_torch_adam():
+def test_ensemble_adam_matches_torch_adam_per_member():
+    """EnsembleAdam on stacked (K, ...) parameters makes, for each member, the update that
+    torch.optim.Adam(fused=True) makes on that member alone, also when a member sits out."""
+    from klbook_lib.optim import EnsembleAdam
+
     torch.manual_seed(0)
-    a = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 2))
-    b = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 2))
-    b.load_state_dict(a.state_dict())
-    ours = ppo.FusedAdam(a.parameters(), lr=1e-2, eps=1e-5)
-    ref = torch.optim.Adam(b.parameters(), lr=1e-2, eps=1e-5)  # the reference: plain torch Adam
-    x = torch.randn(32, 5)
+    K = 3
+    w = torch.randn(K, 7, 5, requires_grad=True)
+    b = torch.randn(K, 2, requires_grad=True)   # small: the kernel's scalar remainder path
+    alone = [(w[k].detach().clone().requires_grad_(), b[k].detach().clone().requires_grad_()) for k in range(K)]
+    refs = [torch.optim.Adam(list(p), lr=1e-2, eps=1e-5, fused=True) for p in alone]  # the reference
+    ours = EnsembleAdam([w, b], lr=1e-2, eps=1e-5)
+    gen = torch.Generator().manual_seed(1)
     for step in range(25):
         lr = 1e-2 * (1 - step / 25)
         ours.lr = lr
-        for group in ref.param_groups:
-            group["lr"] = lr
-        for net, opt in ((a, ours), (b, ref)):
-            opt.zero_grad()
-            net(x).pow(2).sum().backward()
-            opt.step()
-    for pa, pb in zip(a.parameters(), b.parameters()):
-        assert torch.allclose(pa, pb, atol=1e-6)
+        members = [k for k in range(K) if not (k == 1 and step % 3 == 0)]
+        gw, gb = torch.randn(K, 7, 5, generator=gen), torch.randn(K, 2, generator=gen)
+        w.grad, b.grad = gw.clone(), gb.clone()
+        ours.step(members)
+        for k in members:
+            refs[k].param_groups[0]["lr"] = lr
+            alone[k][0].grad, alone[k][1].grad = gw[k].clone(), gb[k].clone()
+            refs[k].step()
+    for k in range(K):
+        assert torch.allclose(w[k], alone[k][0], atol=1e-6) and torch.allclose(b[k], alone[k][1], atol=1e-6)
+    assert ours.steps == [25, 25 - 9, 25]
+    ours.keep([2, 0], [w.detach()[[2, 0]].requires_grad_(), b.detach()[[2, 0]].requires_grad_()])
+    assert ours.steps == [25, 25] and torch.equal(ours.exp_avgs[0][0], refs[2].state[alone[2][0]]["exp_avg"])
 
 
 def test_std_floor():
@@ -358,3 +368,72 @@ def test_anchor_penalty_logs_the_kl_and_holds_the_policy():
         ppo.PPOConfig(anchor_coef=1.0)
     with pytest.raises(ValueError, match="anchor_obs"):
         ppo.train(ppo.PPOConfig(anchor_agent=base, anchor_obs=torch.zeros(5, 3), **SHORT), progress=False)
+
+
+# ---------------------------------------------------------------- many seeds as one batch: train_seeds
+
+def _assert_same_run(batched, alone):
+    """A seed of a batched run against that seed run alone: the same episodes (so the same actions),
+    the same number of updates, the same statistics up to float rounding."""
+    assert batched.episode_lengths == alone.episode_lengths
+    assert batched.episode_returns == alone.episode_returns
+    assert batched.episode_start_updates == alone.episode_start_updates
+    assert (batched.solved, batched.solved_at_step) == (alone.solved, alone.solved_at_step)
+    for k in ppo.HISTORY_KEYS:
+        if k == "wall_time":
+            continue
+        assert batched.history[k] == pytest.approx(alone.history[k], rel=1e-5, abs=1e-7, nan_ok=True), k
+    for p, q in zip(batched.agent.parameters(), alone.agent.parameters()):
+        assert torch.allclose(p, q, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("kw", [
+    dict(),                                                            # clip, decaying lr and clip
+    dict(objective="kl_penalty", kl_controller=None, kl_coef=0.0),     # adaptive beta (set below)
+    dict(objective="clip+kl_penalty", kl_coef=0.5, kl_penalty_estimator="k3", num_minibatches=4,
+         update_epochs=4, target_kl=0.005, ent_coef=0.01),             # minibatches and early-stopped epochs
+], ids=["clip", "adaptive-beta", "minibatch-target_kl"])
+def test_train_seeds_reproduces_each_seed_alone(kw):
+    from klbook_lib.controllers import AdaptiveKL
+
+    if kw.get("objective") == "kl_penalty":
+        kw = {**kw, "kl_controller": AdaptiveKL(1.0, 0.01)}
+    cfg = ppo.PPOConfig(total_timesteps=1536, stop_at_return=None, **kw)   # 6 updates
+    seeds = [0, 5, 2]
+    batched = ppo.train_seeds(cfg, seeds, progress=False)
+    assert [r.config.seed for r in batched] == seeds
+    for s, r in zip(seeds, batched):
+        _assert_same_run(r, ppo.train(ppo.PPOConfig(**{**kw, "seed": s, "total_timesteps": 1536,
+                                                         "stop_at_return": None}), progress=False))
+    if "target_kl" in kw:            # the early stop acted, and differently per seed at some update
+        runs = [r.history["epochs_run"] for r in batched]
+        assert min(min(e) for e in runs) < 4 and len({tuple(e) for e in runs}) > 1
+
+
+def test_train_seeds_stops_each_seed_when_it_solves():
+    """A low 'solved' bar that the seeds reach at different updates: each stops as it would alone,
+    the others go on."""
+    cfg = ppo.PPOConfig(total_timesteps=256 * 30, stop_at_return=40.0, solve_window=5)
+    seeds = [0, 1, 2]
+    batched = ppo.train_seeds(cfg, seeds, progress=False)
+    alone = [ppo.train(ppo.PPOConfig(seed=s, total_timesteps=256 * 30, stop_at_return=40.0, solve_window=5),
+                       progress=False) for s in seeds]
+    lengths = [len(r.history["update"]) for r in alone]
+    assert len(set(lengths)) > 1, lengths          # else the test would not show per-seed stopping
+    for b, a in zip(batched, alone):
+        _assert_same_run(b, a)
+        assert b.solved and b.agent.version == a.agent.version
+
+
+def test_train_seeds_callback_and_refusals():
+    seen = []
+    res = ppo.train_seeds(ppo.PPOConfig(**SHORT), [4, 1], progress=False,
+                          callback=lambda seed, u, agent, rec: seen.append((seed, u, agent.version)))
+    assert sorted(seen) == sorted((s, u, 3 * u) for s in (4, 1) for u in range(1, 9))
+    assert all(set(r.history) == set(ppo.HISTORY_KEYS) and len(r.history["update"]) == 8 for r in res)
+    with pytest.raises(ValueError, match="bug_flip_logratio"):
+        ppo.train_seeds(ppo.PPOConfig(bug_flip_logratio=True, **SHORT), [0, 1], progress=False)
+    with pytest.raises(ValueError, match="env"):
+        ppo.train_seeds(ppo.PPOConfig.pendulum(total_timesteps=1024), [0, 1], progress=False)
+    with pytest.raises(ValueError, match="seeds"):
+        ppo.train_seeds(ppo.PPOConfig(**SHORT), [1, 1], progress=False)
