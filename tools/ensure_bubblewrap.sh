@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Make sure bubblewrap (bwrap) is installed: `klbook grade` runs student notebooks in a
 # bubblewrap sandbox and refuses to grade without one (see grading.md). Idempotent.
+# The sandbox's seccomp filter needs libseccomp too: tools/ensure_seccomp.sh.
 set -euo pipefail
+bash "$(dirname "$0")/ensure_seccomp.sh"
 if command -v bwrap >/dev/null 2>&1; then exit 0; fi
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   echo "Installing Debian's bubblewrap for the grader's sandbox..."

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from klbook_lib.grading import compare, protocol, sandbox
+from klbook_lib.grading import cgroups, compare, protocol, sandbox, syscalls
 from klbook_lib.grading.protocol import clean
 from klbook_lib.grading.sandbox import PACKAGE_DIR, REPO_DIR, Limits  # noqa: F401 - re-exported
 
@@ -39,6 +39,10 @@ STARTUP_SECONDS = 60.0      # from starting the sandbox to its first event
 IDLE_SECONDS = 30.0         # the runner's own work between two events
 MAX_RUNS = 8                # a notebook that hangs again and again is not run forever
 MAX_NOTEBOOK_BYTES = 50 << 20
+PARSE_MEMORY_BYTES = 1 << 30    # the notebook's JSON is parsed in a child limited to this
+PARSE_SECONDS = 60.0
+MAX_NOTES = 40              # general notes of one result (then one line: how many more)
+MAX_MESSAGES = 40           # messages of one question (then one line: how many more)
 MAX_OUTPUT_CHARS = 1_000_000
 PIPE_TAIL = 4000            # bytes of the sandbox's stdout/stderr kept for messages
 
@@ -114,23 +118,6 @@ def find_exercise(path: Path, nb: Any, exercise: str | None) -> tuple[str, list[
     return name, notes
 
 
-def _read_cells(nb: Any) -> list[str]:
-    """The code cells' sources, tolerating the shapes a hand-edited notebook can take."""
-    if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
-        raise ValueError("the notebook has no list of cells")
-    sources = []
-    for cell in nb["cells"]:
-        if not isinstance(cell, dict) or cell.get("cell_type") != "code":
-            continue
-        src = cell.get("source", "")
-        if isinstance(src, list):
-            src = "".join(s for s in src if isinstance(s, str))
-        if not isinstance(src, str):
-            raise ValueError("a code cell's source is not text")
-        sources.append(src)
-    return sources
-
-
 def _grace(seconds: float) -> float:
     """How long past its own limit a cell or call may run before the sandbox is killed."""
     return min(10.0, 1.0 + 0.25 * seconds)
@@ -142,8 +129,11 @@ class _Session:
 
     def __init__(self, backend: sandbox.Backend, cells: list[str], questions: list[dict],
                  notebook_name: str, notebook_text: str, total: float, cell_timeout: float,
-                 limits: Limits, library: tuple = ()) -> None:
+                 limits: Limits, library: tuple = (),
+                 cgroup_support: cgroups.Support | None = None) -> None:
         self.backend, self.cells, self.questions = backend, cells, questions
+        self.cgroups = cgroup_support or cgroups.Support(version=None, reason="not asked for")
+        self.group: cgroups.Cgroup | None = None  # the cgroup of the run in progress
         self.library = tuple(dict.fromkeys(library))
         self.library_files = sandbox.library_files(self.library)
         self.qmap = {q["id"]: q for q in questions}
@@ -171,15 +161,18 @@ class _Session:
                 "skip_cells": sorted(self.skip_cells), "skip_questions": sorted(self.skip_questions)}
         if self.backend.isolated:
             plan.update(lib=sandbox.INSIDE_LIB, work=sandbox.INSIDE_WORK,
-                        uid=sandbox.fresh_uid() if self.backend.mode == "root" else None)
+                        uid=sandbox.fresh_uid() if self.backend.mode == "root" else None,
+                        keyctl=syscalls.keyctl_number())
         else:
             plan.update(lib=str(staging / "lib"), work=str(staging / "work"), uid=None,
                         guards={"blocked_roots": blocked_roots(), "workdir": str(staging)})
         return plan
 
-    def _start(self, staging: Path, result_fd: int) -> subprocess.Popen:
+    def _start(self, staging: Path, result_fd: int, seccomp_fd: int) -> subprocess.Popen:
+        fds = (result_fd,)
         if self.backend.isolated:
-            cmd = sandbox.command(self.backend, staging, self.limits)
+            cmd = sandbox.command(self.backend, staging, self.limits, seccomp_fd)
+            fds = (result_fd, seccomp_fd)
             env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
             cwd = "/"
         else:
@@ -189,8 +182,10 @@ class _Session:
                    "HOME": str(staging / "work"), "TMPDIR": str(staging / "work"),
                    "MPLCONFIGDIR": str(staging / "work")}
             cwd = str(staging / "work")
+        if self.group is not None:          # the sandbox starts inside its own cgroup
+            cmd = self.group.wrap(cmd)
         return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, pass_fds=(result_fd,), cwd=cwd, env=env,
+                                stderr=subprocess.PIPE, pass_fds=fds, cwd=cwd, env=env,
                                 start_new_session=True)
 
     def run_once(self, deadline: float) -> tuple[str, tuple | None, str]:
@@ -203,14 +198,24 @@ class _Session:
         self.runs += 1
         staging = Path(tempfile.mkdtemp(prefix="klbook-grade-"))
         proc = None
-        read_fd = write_fd = -1
+        read_fd = write_fd = seccomp_fd = -1
         try:
             sandbox.make_staging(staging, self.library_files)
             read_fd, write_fd = os.pipe()
+            if self.backend.isolated:
+                seccomp_fd = syscalls.program_fd()
+            if self.cgroups.available:
+                try:
+                    self.group = cgroups.Cgroup(self.cgroups, self.limits.total_memory_bytes,
+                                                self.limits.processes)
+                except OSError as exc:
+                    raise GraderError(f"cannot create the sandbox's cgroup: {exc}") from None
             plan = json.dumps(self._plan(write_fd, staging)).encode()
-            proc = self._start(staging, write_fd)
-            os.close(write_fd)
-            write_fd = -1
+            proc = self._start(staging, write_fd, seccomp_fd)
+            for fd in (write_fd, seccomp_fd):
+                if fd >= 0:
+                    os.close(fd)
+            write_fd = seccomp_fd = -1
             feeder = threading.Thread(target=_feed, args=(proc.stdin, plan), daemon=True)
             feeder.start()
             outcome = self._follow(proc, read_fd, deadline)
@@ -219,7 +224,10 @@ class _Session:
         finally:
             if proc is not None:
                 _kill(proc, stragglers=not self.backend.isolated)
-            for fd in (read_fd, write_fd):
+            if self.group is not None:
+                self.group.remove()
+                self.group = None
+            for fd in (read_fd, write_fd, seccomp_fd):
                 if fd >= 0:
                     try:
                         os.close(fd)
@@ -304,7 +312,11 @@ class _Session:
             # nothing ran: the sandbox itself failed, which is the machine's problem, not the student's
             raise GraderError("the sandbox did not start (exit status "
                               f"{status}): {clean(err[-1] if err else 'no message', 300)}")
-        outcome = ("died", state["activity"], f"exit status {_status(status)}")
+        detail = f"exit status {_status(status)}"
+        if self.group is not None and self.group.out_of_memory():
+            detail += (f"; the sandbox went over its memory limit of "
+                       f"{self.limits.total_memory_bytes / (1 << 30):g} GiB")
+        outcome = ("died", state["activity"], detail)
         self._abandon(state, outcome)
         return outcome
 
@@ -445,9 +457,10 @@ class _Session:
             self.cell_errors[i] = why + "; the notebook was run again without it"
 
     # -- the whole grading
-    def run(self) -> None:
-        start = time.monotonic()
-        deadline = start + self.total
+    def run(self, deadline: float | None = None) -> None:
+        """Run the notebook (again, after a kill) until done, or until ``deadline`` (by
+        default the session's total time from now)."""
+        deadline = deadline if deadline is not None else time.monotonic() + self.total
         while True:
             if time.monotonic() >= deadline:
                 outcome = ("total", None, "")
@@ -604,6 +617,116 @@ def _positive(name: str, value) -> float:
     return value
 
 
+# The child that parses a submitted notebook: its memory is limited before it reads a byte, so
+# that a notebook built to blow up the JSON parser (millions of empty cells) costs the child,
+# never the grader. It writes the code cells' sources and the metadata's exercise as JSON.
+_PARSER = r"""
+import json, resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (@BYTES@, @BYTES@))
+resource.setrlimit(resource.RLIMIT_CPU, (60, 60))
+try:
+    nb = json.loads(sys.stdin.buffer.read().decode("utf-8"))
+    if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
+        raise ValueError("the notebook has no list of cells")
+    cells = []
+    for cell in nb["cells"]:
+        if not isinstance(cell, dict) or cell.get("cell_type") != "code":
+            continue
+        src = cell.get("source", "")
+        if isinstance(src, list):
+            src = "".join(s for s in src if isinstance(s, str))
+        if not isinstance(src, str):
+            raise ValueError("a code cell's source is not text")
+        cells.append(src)
+    nb["cells"] = None
+    try:
+        meta = nb["metadata"]["klbook"]["exercise"]
+    except (TypeError, KeyError, IndexError):
+        meta = None
+    out = {"cells": cells, "meta": meta if isinstance(meta, str) else (None if meta is None else repr(meta)[:100])}
+except MemoryError:
+    out = {"error": "it needs more than @TEXT@ of memory to parse"}
+except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+    out = {"error": str(exc)[:300]}
+sys.stdout.write(json.dumps(out))
+"""
+
+
+def read_notebook(raw: bytes) -> tuple[list[str], Any]:
+    """The code cells of a notebook's bytes and its metadata's exercise (``None`` if it has
+    none), parsed in a child process limited to :data:`PARSE_MEMORY_BYTES` of memory.
+    Raises ValueError with the reason when the notebook cannot be read."""
+    code = _PARSER.replace("@TEXT@", f"{PARSE_MEMORY_BYTES >> 20} MB").replace(
+        "@BYTES@", str(PARSE_MEMORY_BYTES))
+    try:
+        res = subprocess.run([sys.executable, "-I", "-S", "-c", code], input=raw,
+                             capture_output=True, timeout=PARSE_SECONDS)
+    except subprocess.TimeoutExpired:
+        raise ValueError(f"parsing it took more than {PARSE_SECONDS:g} s") from None
+    try:
+        out = json.loads(res.stdout.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        out = {"error": f"the parser ended with status {res.returncode} (too large or too deeply "
+                        "nested to parse?)"}
+    if not isinstance(out, dict) or "error" in out or not isinstance(out.get("cells"), list):
+        raise ValueError(str(out.get("error", "malformed") if isinstance(out, dict) else "malformed"))
+    return [str(c) for c in out["cells"]], out.get("meta")
+
+
+def cap(lines: list[str], limit: int, what: str = "notes") -> list[str]:
+    """At most ``limit`` lines: the first ``limit - 1`` and one saying how many were left out."""
+    if len(lines) <= limit:
+        return list(lines)
+    return list(lines[:limit - 1]) + [f"... and {len(lines) - limit + 1} more {what} (not shown)"]
+
+
+def _plan_question(q, call_timeout: float, cases: list[int]) -> dict:
+    return {"id": q.id, "kind": q.kind, "name": q.name,
+            "timeout": float(q.timeout or call_timeout),
+            "cases": [{"args": q.cases[j].encoded_args()} for j in cases]}
+
+
+def _split(questions) -> tuple[list[tuple], list[tuple]]:
+    """The questions of the notebook's sandbox and of the training tasks' sandbox, each as
+    ``(question, indices of its cases asked there)``: outcome-graded cases (those with a
+    judge) run in a sandbox of their own that offers ``task_library``; every other case and
+    question runs in one that offers only ``library``."""
+    plain, tasks = [], []
+    for q in questions:
+        if q.kind != "function":
+            plain.append((q, []))
+            continue
+        judged = [j for j, c in enumerate(q.cases) if c.judge is not None]
+        rest = [j for j in range(len(q.cases)) if j not in judged]
+        if rest or not judged:
+            plain.append((q, rest))
+        if judged:
+            tasks.append((q, judged))
+    return plain, tasks
+
+
+def _merge(q, parts: list[tuple[list[int], dict | None]]) -> dict | None:
+    """One question's answer from the sessions that asked parts of it."""
+    answered = [(idx, a) for idx, a in parts if isinstance(a, dict)]
+    if not answered:
+        return None
+    if q.kind != "function":
+        return answered[0][1]
+    if all("missing" in a for _, a in answered):
+        return answered[0][1]
+    cases: list = [{"error": "no result was reported"}] * len(q.cases)
+    for idx, a in parts:
+        if not isinstance(a, dict):
+            continue
+        got = a.get("cases") if isinstance(a.get("cases"), list) else None
+        for k, j in enumerate(idx):
+            if got is not None and k < len(got):
+                cases[j] = got[k]
+            elif "missing" in a:
+                cases[j] = {"error": clean(a["missing"])}
+    return {"cases": cases}
+
+
 def grade(notebook: str | os.PathLike, exercise: str | None = None, timeout: float | None = None,
           cell_timeout: float = DEFAULT_CELL_TIMEOUT, call_timeout: float = DEFAULT_CALL_TIMEOUT,
           *, unsafe_no_isolation: bool = False, limits: Limits | None = None) -> dict:
@@ -613,7 +736,8 @@ def grade(notebook: str | os.PathLike, exercise: str | None = None, timeout: flo
     plus the calls of questions that declare their own ``timeout`` (long training runs).
     ``limits`` overrides the sandbox's resource limits (:class:`sandbox.Limits`).
     Without OS isolation :class:`IsolationUnavailable` is raised, unless
-    ``unsafe_no_isolation`` is set.
+    ``unsafe_no_isolation`` is set. The notebook runs in one sandbox; the outcome-graded
+    cases of its training tasks, if any, run in a second one (see :func:`_split`).
     """
     from klbook_lib.grading.hidden import bank
 
@@ -625,6 +749,7 @@ def grade(notebook: str | os.PathLike, exercise: str | None = None, timeout: flo
     if timeout is not None:
         timeout = _positive("timeout", timeout)
     backend = isolation(unsafe_no_isolation)
+    groups = cgroups.support()
     start = time.monotonic()
     notes: list[str] = []
     nb: Any = None
@@ -635,9 +760,9 @@ def grade(notebook: str | os.PathLike, exercise: str | None = None, timeout: flo
             raw = fh.read(MAX_NOTEBOOK_BYTES + 1)
         if len(raw) > MAX_NOTEBOOK_BYTES:
             raise ValueError(f"larger than {MAX_NOTEBOOK_BYTES >> 20} MB")
-        nb = json.loads(raw.decode("utf-8"))
-        cells = _read_cells(nb)
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        cells, meta = read_notebook(raw)
+        nb = {"metadata": {"klbook": {"exercise": meta}}}
+    except (ValueError, OSError) as exc:
         notes.append(f"the notebook could not be read ({clean(str(exc), 200)}); nothing was run")
     name, meta_notes = find_exercise(path, nb, exercise)
     notes += meta_notes
@@ -647,39 +772,57 @@ def grade(notebook: str | os.PathLike, exercise: str | None = None, timeout: flo
         timeout = DEFAULT_TIMEOUT + sum(q.timeout * len(q.cases or (0,)) for q in questions
                                         if q.timeout is not None)
     memory = max([q.memory_mb << 20 for q in questions if q.memory_mb] + [0])
-    limits = (limits or Limits()).merged(memory_bytes=max(memory, (limits or Limits()).memory_bytes))
-    session = None
+    base = limits or Limits()
+    limits = base.merged(memory_bytes=max(memory, base.memory_bytes),
+                         total_memory_bytes=max(memory, base.total_memory_bytes))
+    sessions: list[tuple[_Session, list[tuple]]] = []
     if cells is not None:
         if not any(c.strip() for c in cells):
             notes.append("the notebook has no code")
-        plan_questions = [{"id": q.id, "kind": q.kind, "name": q.name,
-                           "timeout": float(q.timeout or call_timeout),
-                           "cases": [{"args": c.encoded_args()} for c in q.cases]}
-                          for q in questions]
         nb_name = re.sub(r"[^A-Za-z0-9._-]", "_", path.name)[:100] or "submission.ipynb"
-        library = [m for q in questions for m in q.library]
-        session = _Session(backend, cells, plan_questions, nb_name, raw.decode("utf-8"),
-                           timeout, cell_timeout, limits, tuple(library))
-        session.run()
-        for i in sorted(session.cell_errors):
-            notes.append(f"code cell {i + 1} failed: {session.cell_errors[i]}")
-        notes.extend(session.notes)
-        notes.extend(session.student_notes)
-        if session.rejected:
-            notes.append(f"the notebook's process sent {session.rejected} malformed message(s); "
-                         "they were ignored")
+        text = raw.decode("utf-8")
+        deadline = start + timeout
+        plain, tasks = _split(questions)
+        for part, task in ((plain, False), (tasks, True)):
+            if not part:
+                continue
+            library = [m for q, _ in part for m in q.library + (q.task_library if task else ())]
+            session = _Session(backend, cells, [_plan_question(q, call_timeout, idx) for q, idx in part],
+                               nb_name, text, timeout, cell_timeout, limits, tuple(library), groups)
+            session.run(deadline)
+            sessions.append((session, part))
+        cell_errors: dict[int, str] = {}
+        for k, (session, _) in enumerate(sessions):
+            for i, why in session.cell_errors.items():
+                cell_errors.setdefault(i, why + (" (in the sandbox of the training tasks)" if k else ""))
+        for i in sorted(cell_errors):
+            notes.append(f"code cell {i + 1} failed: {cell_errors[i]}")
+        for session, _ in sessions:
+            notes.extend(n for n in session.notes + session.student_notes if n not in notes)
+            if session.rejected:
+                notes.append(f"the notebook's process sent {session.rejected} malformed message(s); "
+                             "they were ignored")
+    stopped = any(s.stopped_early for s, _ in sessions)
     unanswered = ("not graded: the notebook was stopped before this answer was read"
-                  if session is not None and session.stopped_early else "no answer was reported")
-    answers = session.answers if session is not None else {}
+                  if stopped else "no answer was reported")
+    answers, seconds = {}, {}
+    for q in questions:
+        parts = [(idx, s.answers.get(q.id)) for s, part in sessions for qq, idx in part if qq is q]
+        answers[q.id] = _merge(q, parts)
+        took = [s.seconds[q.id] for s, part in sessions if q.id in s.seconds]
+        if took:
+            seconds[q.id] = round(sum(took), 3)
     scored = [_score_question(q, e, answers.get(q.id), unanswered) for q, e in zip(questions, expected)]
     for s in scored:
-        if session is not None and s["id"] in session.seconds:
-            s["seconds"] = session.seconds[s["id"]]
+        s["messages"] = cap(s["messages"], MAX_MESSAGES, "messages")
+        if s["id"] in seconds:
+            s["seconds"] = seconds[s["id"]]
     total = sum(s["points"] for s in scored)
     return {"notebook": str(path), "exercise": name, "score": round(total, 4),
             "max_score": float(sum(q.points for q in questions)), "questions": scored,
-            "notes": [clean(n, 400) for n in notes], "isolation": backend.describe(),
-            "runs": session.runs if session is not None else 0,
+            "notes": cap([clean(n, 400) for n in notes], MAX_NOTES),
+            "isolation": f"{backend.describe()}; {groups.describe()}",
+            "runs": sum(s.runs for s, _ in sessions),
             "seconds": round(time.monotonic() - start, 2)}
 
 
@@ -688,6 +831,10 @@ def format_report(result: dict) -> str:
     lines = [f"Exercise: {clean(result['exercise'], 80)}"]
     if result.get("isolation", "").startswith("none"):
         lines.append("  WARNING: graded without isolation (--unsafe-no-isolation)")
+    if "NO cgroups" in result.get("isolation", ""):
+        why = result["isolation"].split("NO cgroups", 1)[1].split(":", 1)[0].strip(" ()")
+        lines.append(f"  WARNING: no cgroups on this machine ({clean(why, 200)}): the sandbox's "
+                     "memory, processes and CPU are limited per process only")
     for note in result["notes"]:
         lines.append("  note: " + clean(note, 400))
     for q in result["questions"]:

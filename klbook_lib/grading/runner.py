@@ -4,8 +4,9 @@ The grader starts this file as ``python -I -S runner.py`` inside the sandbox (se
 ``sandbox.py``) and writes a *plan* to its standard input: the cells, the names the
 questions look up, the test inputs, the limits. The runner
 
-1. drops to an unprivileged user (when the sandbox was built by root) and sets its
-   resource limits, before any student code runs;
+1. drops to an unprivileged user (when the sandbox was built by root), joins a fresh
+   anonymous session keyring (the seccomp filter already refuses every other keyring
+   operation) and sets its resource limits, before any student code runs;
 2. executes the code cells in order, each under a time limit (an alarm; the grader also
    kills the whole sandbox from outside if the alarm does not work), recording errors and
    going on; line and cell magics that time code (``%time``, ``%%time``, ``%timeit``...)
@@ -118,6 +119,28 @@ def _drop_privileges(uid: int) -> None:
     raise SystemExit("privileges were not dropped")
 
 
+def _fresh_keyring(keyctl: int | None) -> int:
+    """Join a new anonymous session keyring (``KEYCTL_JOIN_SESSION_KEYRING``, no name), so
+    that not even a key of the grader's session is within reach; returns its serial number
+    (negative if the call failed: the filter still refuses every keyring operation)."""
+    if keyctl is None:
+        return -1
+    import ctypes
+
+    return int(ctypes.CDLL(None, use_errno=True).syscall(int(keyctl), 1, None))
+
+
+def _keyring_refused(keyctl: int | None) -> bool:
+    """Is reading the session keyring refused (``KEYCTL_READ`` fails with EPERM)?"""
+    if keyctl is None:
+        return False
+    import ctypes
+    import errno
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.syscall(int(keyctl), 11, -3, None, 0) == -1 and ctypes.get_errno() == errno.EPERM
+
+
 def _set_limits(limits: dict) -> None:
     import resource
 
@@ -177,8 +200,9 @@ def _install_guards(guards: dict, channel: _Channel) -> None:
 def _refuse_library(allowed: set, packages: tuple, channel: _Channel) -> None:
     """Refuse ``klbook_lib`` modules the sandbox does not offer, with a clear message."""
 
-    def offered(name: str) -> bool:
-        return name in allowed or any(name == p or name.startswith(p + ".") for p in packages)
+    def offered(name: str) -> bool:     # an offered module, inside one, or a package above one
+        return name in allowed or any(name == p or name.startswith(p + ".") or p.startswith(name + ".")
+                                      for p in packages)
 
     class RefuseLibrary:
         @staticmethod
@@ -298,6 +322,7 @@ def main() -> None:
     sys.stdin = open(os.devnull)
     if plan.get("uid") is not None:
         _drop_privileges(int(plan["uid"]))
+    keyring = _fresh_keyring(plan.get("keyctl"))
     _set_limits(plan["limits"])
     # Only the public library copy, the standard library and site-packages; no repository.
     sys.path[:] = [plan["lib"]] + [p for p in sys.path if "site-packages" not in p] + plan["site"]
@@ -307,6 +332,8 @@ def main() -> None:
 
         if os.getuid() == 0 or any(os.path.exists(p) for p in plan.get("hidden", [])):
             raise SystemExit("the sandbox is not isolated")
+        if plan.get("keyctl") is not None and (keyring < 0 or not _keyring_refused(plan["keyctl"])):
+            raise SystemExit("the seccomp filter is not in force (the keyring can be read)")
         print("klbook-sandbox-ok", flush=True)
         _exit(0)
     run(plan)

@@ -11,7 +11,13 @@ The student's code runs in ``runner.py`` inside a bubblewrap (``bwrap``) sandbox
   kills every process in it), network namespace (no network), IPC and UTS namespaces;
 * limits (``resource.setrlimit``, applied by the runner before any student code) on the
   address space and CPU time per process, the number of processes, file sizes and open
-  files; the ``tmpfs`` size limits the disk.
+  files; the ``tmpfs`` size limits the disk (``/dev/shm`` is a 64 MB tmpfs of its own, and
+  ``/dev`` is read-only with no pseudo-terminals: no ``/dev/ptmx``);
+* a seccomp filter (:mod:`klbook_lib.grading.syscalls`, ``bwrap --seccomp``) that refuses
+  the kernel keyrings, new namespaces and mounts, tracing, ``memfd_create`` and the
+  kernel's administration calls; and, where the machine has them, a cgroup of its own
+  (:mod:`klbook_lib.grading.cgroups`) that bounds the memory, processes and CPU of the
+  whole sandbox.
 
 Two ways of building it, chosen by :func:`backend` with a real trial run:
 
@@ -22,8 +28,8 @@ Two ways of building it, chosen by :func:`backend` with a real trial run:
             processes count against the process limit of that namespace alone, and
             creating further user namespaces is disabled.
 
-If neither works (no bwrap, user namespaces switched off), :func:`backend` raises
-:class:`SandboxUnavailable` with what to install.
+If neither works (no bwrap, user namespaces switched off, no libseccomp to build the
+filter), :func:`backend` raises :class:`SandboxUnavailable` with what to install.
 """
 from __future__ import annotations
 
@@ -40,6 +46,8 @@ import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from klbook_lib.grading import syscalls
+
 PACKAGE_DIR = Path(__file__).resolve().parents[1]          # .../klbook_lib
 REPO_DIR = PACKAGE_DIR.parent
 GRADING_DIR = Path(__file__).resolve().parent
@@ -49,6 +57,7 @@ INSIDE_LIB = "/klbook/lib"             # the public copy of klbook_lib
 INSIDE_RUNNER = "/klbook/runner.py"
 INSIDE_TMP = "/tmp"                    # the private tmpfs
 INSIDE_WORK = "/tmp/work"              # the notebook's working directory (and HOME)
+SHM_BYTES = 64 << 20                   # size of the sandbox's /dev/shm (a tmpfs of its own)
 
 # What the student's process gets of the library: the public checker, the runtime helpers.
 PUBLIC_FILES = ("runtime.py", "grading/__init__.py", "grading/checker.py",
@@ -88,7 +97,9 @@ class Limits:
                        time limit plus 10 s;
     ``disk_bytes``     size of the private tmpfs holding ``/tmp`` and the working directory;
     ``file_bytes``     largest file a process may write (``RLIMIT_FSIZE``);
-    ``open_files``     open file descriptors (``RLIMIT_NOFILE``).
+    ``open_files``     open file descriptors (``RLIMIT_NOFILE``);
+    ``total_memory_bytes``  memory of the whole sandbox, every process, tmpfs and shared
+                       memory pages included (its cgroup, where the machine has cgroups).
     """
 
     memory_bytes: int = 4 << 30
@@ -97,9 +108,11 @@ class Limits:
     disk_bytes: int = 256 << 20
     file_bytes: int = 64 << 20
     open_files: int = 1024
+    total_memory_bytes: int = 4 << 30
 
     def __post_init__(self) -> None:
-        for name in ("memory_bytes", "processes", "disk_bytes", "file_bytes", "open_files"):
+        for name in ("memory_bytes", "processes", "disk_bytes", "file_bytes", "open_files",
+                     "total_memory_bytes"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{name}: must be a positive integer, got {value!r}")
@@ -119,7 +132,8 @@ class Backend:
     bwrap: str | None = None
     version: str = ""
     # options of this bwrap (older releases lack some: 0.6 has no --size nor --disable-userns)
-    features: frozenset = field(default=frozenset({"--size", "--disable-userns", "--perms"}))
+    features: frozenset = field(default=frozenset({"--size", "--disable-userns", "--perms",
+                                                   "--seccomp"}))
 
     @property
     def isolated(self) -> bool:
@@ -130,7 +144,8 @@ class Backend:
             return "none (--unsafe-no-isolation): the notebook ran as the grader's user"
         how = ("as a fresh unprivileged user id" if self.mode == "root"
                else "in an unprivileged user namespace")
-        text = f"{self.version or 'bubblewrap'}, {how}; no network, own PID namespace"
+        text = (f"{self.version or 'bubblewrap'}, {how}; no network, own PID namespace; "
+                f"seccomp filter ({len(syscalls.DENIED) + 3} system calls refused or restricted)")
         if "--size" not in self.features:
             text += "; tmpfs size NOT limited (bubblewrap older than 0.7)"
         return text
@@ -233,10 +248,13 @@ def sandbox_env() -> dict:
             "PYTHONDONTWRITEBYTECODE": "1", "KLBOOK_GRADING": "1", "LANG": "C.UTF-8"}
 
 
-def command(backend: Backend, staging: Path, limits: Limits) -> list[str]:
-    """The bwrap command line that runs ``runner.py`` from ``staging`` in a fresh sandbox."""
+def command(backend: Backend, staging: Path, limits: Limits, seccomp_fd: int | None = None) -> list[str]:
+    """The bwrap command line that runs ``runner.py`` from ``staging`` in a fresh sandbox,
+    with the seccomp filter read from ``seccomp_fd`` (:func:`syscalls.program_fd`)."""
     b = [backend.bwrap, "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net",
          "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--hostname", "sandbox"]
+    if seccomp_fd is not None:
+        b += ["--seccomp", str(seccomp_fd)]
     if backend.mode == "userns":
         b += ["--unshare-user", "--uid", "65534", "--gid", "65534"]
         if "--disable-userns" in backend.features:
@@ -301,6 +319,11 @@ def command(backend: Backend, staging: Path, limits: Limits) -> list[str]:
             b += ["--ro-bind", r, r]
         b += ["--remount-ro", secret]
     b += ["--ro-bind", str(staging), "/klbook", "--proc", "/proc", "--dev", "/dev",
+          # /dev read-only: /dev/shm a small tmpfs of its own, and an empty read-only
+          # /dev/pts hides the pseudo-terminal multiplexer (/dev/ptmx dangles)
+          "--perms", "1777", *(["--size", str(SHM_BYTES)] if "--size" in backend.features else []),
+          "--tmpfs", "/dev/shm", "--tmpfs", "/dev/pts", "--remount-ro", "/dev/pts",
+          "--remount-ro", "/dev",
           # everything bwrap created at the top is read-only: only the tmpfs can be written
           "--remount-ro", "/", "--chdir", INSIDE_TMP]
     b += [sys.executable, "-I", "-S", INSIDE_RUNNER]
@@ -325,13 +348,18 @@ def _trial(backend: Backend, staging: Path) -> str | None:
     """Run the runner's self-test in the sandbox; ``None`` if it works, else the reason."""
     plan = {"probe": True, "uid": fresh_uid() if backend.mode == "root" else None,
             "limits": plan_limits(Limits(), 30), "lib": INSIDE_LIB, "site": site_dirs(),
-            "work": INSIDE_WORK,
+            "work": INSIDE_WORK, "keyctl": syscalls.keyctl_number(),
             "hidden": [str(GRADING_DIR / "hidden"), str(REPO_DIR / "exercises" / "masters")]}
+    fd = -1
     try:
-        res = subprocess.run(command(backend, staging, Limits()), input=json.dumps(plan).encode(),
-                             capture_output=True, timeout=60)
-    except (OSError, subprocess.SubprocessError) as exc:
+        fd = syscalls.program_fd()
+        res = subprocess.run(command(backend, staging, Limits(), fd), input=json.dumps(plan).encode(),
+                             capture_output=True, timeout=60, pass_fds=(fd,))
+    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
         return f"{type(exc).__name__}: {exc}"
+    finally:
+        if fd >= 0:
+            os.close(fd)
     out = res.stdout.decode("utf-8", "replace").strip().splitlines()
     if res.returncode == 0 and out and out[-1] == "klbook-sandbox-ok":
         return None
@@ -354,12 +382,20 @@ def backend() -> Backend:
         try:
             usage = subprocess.run([bwrap, "--help"], capture_output=True, text=True,
                                    timeout=20).stdout
-            features = frozenset(f for f in ("--size", "--disable-userns", "--perms") if f in usage)
+            features = frozenset(f for f in ("--size", "--disable-userns", "--perms", "--seccomp")
+                                 if f in usage)
             version = subprocess.run([bwrap, "--version"], capture_output=True, text=True,
                                      timeout=20).stdout.strip()
         except (OSError, subprocess.SubprocessError) as exc:
             _cached_error = f"{bwrap} does not run ({exc}): {INSTALL_HINT}"
             raise SandboxUnavailable(_cached_error) from None
+        if "--seccomp" not in features:
+            _cached_error = f"{version or bwrap} cannot load a seccomp filter: {INSTALL_HINT}"
+            raise SandboxUnavailable(_cached_error)
+        why_not = syscalls.unavailable()
+        if why_not is not None:
+            _cached_error = f"the sandbox's seccomp filter cannot be built: {why_not}"
+            raise SandboxUnavailable(_cached_error)
         import tempfile
 
         staging = Path(tempfile.mkdtemp(prefix="klbook-grade-probe-"))

@@ -23,12 +23,22 @@ controls.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import torch
 
-from klbook_lib import ppo as _ppo
+if TYPE_CHECKING:
+    from klbook_lib import ppo
+
+
+def _ppo():
+    """:mod:`klbook_lib.ppo`, imported at first use. A graded notebook's cells import this
+    module, and the sandbox that runs them does not hold the PPO library (it computes answers
+    of exercise 3): only the sandbox of the training call does (grading.md)."""
+    from klbook_lib import ppo
+
+    return ppo
 
 KL_TARGET = 0.01
 BETA_INIT = 1.0
@@ -39,14 +49,14 @@ EVAL_EPISODES = 32
 HISTORY_COLUMNS = ("global_step", "kl_exact_mean", "beta", "clip_frac", "episodic_return")
 
 
-def config(seed: int = 0, **overrides) -> _ppo.PPOConfig:
+def config(seed: int = 0, **overrides) -> ppo.PPOConfig:
     """The PPO configuration of the task: clipped surrogate plus adaptive KL penalty, 32 envs x 8
     steps, 3 full-batch epochs, constant learning rate 8e-3 and clip range 0.3."""
     base = dict(seed=seed, objective="clip+kl_penalty", anneal_lr=False, anneal_clip=False,
                 clip_coef=0.3, learning_rate=8e-3, total_timesteps=BUDGET, stop_at_return=None,
                 monitor_grad_ratio=False)
     base.update(overrides)
-    return _ppo.PPOConfig(**base)
+    return _ppo().PPOConfig(**base)
 
 
 class RuleController:
@@ -87,17 +97,17 @@ class _Solved(Exception):
     pass
 
 
-def actor_vector(agent: _ppo.Agent) -> np.ndarray:
+def actor_vector(agent: ppo.Agent) -> np.ndarray:
     """The actor's parameters as one float64 vector (the order of ``agent.actor.parameters()``)."""
     return torch.cat([p.detach().reshape(-1) for p in agent.actor.parameters()]).double().numpy()
 
 
-def make_agent() -> _ppo.Agent:
+def make_agent() -> ppo.Agent:
     """An untrained CartPole agent of the task's shape (4 observations, 2 actions, 64x64 tanh)."""
-    return _ppo.Agent(4, n_actions=2, hidden_sizes=(64, 64))
+    return _ppo().Agent(4, n_actions=2, hidden_sizes=(64, 64))
 
 
-def agent_from_vector(vector) -> _ppo.Agent:
+def agent_from_vector(vector) -> ppo.Agent:
     """A CartPole agent whose actor holds ``vector`` (see :func:`actor_vector`)."""
     agent = make_agent()
     vec = torch.as_tensor(np.asarray(vector, dtype=np.float64)).reshape(-1)
@@ -112,7 +122,7 @@ def agent_from_vector(vector) -> _ppo.Agent:
 
 def evaluate(vector, episodes: int = EVAL_EPISODES, seed: int = 0) -> list[float]:
     """Returns of ``episodes`` CartPole episodes of the actor ``vector`` (sampled actions, seeded)."""
-    return _ppo.evaluate(agent_from_vector(vector), "CartPole", episodes, seed=seed, deterministic=False)
+    return _ppo().evaluate(agent_from_vector(vector), "CartPole", episodes, seed=seed, deterministic=False)
 
 
 def _preflight(kl_penalty_loss: Callable, beta_rule: Callable) -> None:
@@ -143,7 +153,7 @@ def train(kl_penalty_loss: Callable, beta_rule: Callable, seed: int = 0, budget:
     def callback(update, agent, rec):
         rows.append([float(rec[k]) for k in HISTORY_COLUMNS])
         if rec["episodes_finished"] >= 20 and rec["episodic_return"] >= SOLVED_RETURN:
-            returns = _ppo.evaluate(agent, "CartPole", EVAL_EPISODES, seed=10_000 + seed,
+            returns = _ppo().evaluate(agent, "CartPole", EVAL_EPISODES, seed=10_000 + seed,
                                     deterministic=False)
             if np.mean(returns) >= 499:
                 found["agent"] = agent
@@ -153,7 +163,7 @@ def train(kl_penalty_loss: Callable, beta_rule: Callable, seed: int = 0, budget:
     cfg = config(seed, total_timesteps=budget, kl_controller=RuleController(beta_rule),
                  policy_loss_fn=_loss_adapter(kl_penalty_loss))
     try:
-        agent = _ppo.train(cfg, progress=progress, callback=callback).agent
+        agent = _ppo().train(cfg, progress=progress, callback=callback).agent
         solved = 0.0
     except _Solved:
         agent, solved = found["agent"], 1.0

@@ -15,6 +15,9 @@ A = np.array
 
 
 MICRO_RLHF_LIBRARY = ("klbook_lib.rlhf", "klbook_lib.tasks")
+# what the notebook's cells may import: the task module and the review data it builds on
+# (klbook_lib.rlhf.rewards and .ppo compute the answers of questions 1, 2 and 5)
+MICRO_RLHF_CELLS = ("klbook_lib.tasks", "klbook_lib.rlhf.data")
 
 
 def padded_mask(rng, b, t, lo=1):
@@ -83,6 +86,7 @@ def questions() -> list[Question]:
         Question("q4", "Summing per-token log-ratios", "choice", "answer_q4", 2, "A"),
         Question("q5", "GAE on a padded batch", "function", "masked_gae", 4, R.masked_gae, tuple(mg)),
         Question("q6", "Train a micro GPT-2 with your reward and your GAE", "function", "train_rlhf", 6,
-                 outcome, tuple(train), timeout=40.0, library=MICRO_RLHF_LIBRARY, full_marks_at=3,
+                 outcome, tuple(train), timeout=40.0, library=MICRO_RLHF_CELLS,
+                 task_library=MICRO_RLHF_LIBRARY, full_marks_at=3,
                  public_checks=(dict(args=[100], module="klbook_lib.tasks.micro_rlhf", judge="judge_rlhf", kwargs={'eval_seed': 7}, why="training seed 100"),)),
     ]

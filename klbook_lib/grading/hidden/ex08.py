@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from klbook_lib.grading.hidden import reference as R
-from klbook_lib.grading.hidden.ex07 import MICRO_RLHF_LIBRARY
+from klbook_lib.grading.hidden.ex07 import MICRO_RLHF_CELLS, MICRO_RLHF_LIBRARY
 from klbook_lib.grading.hidden.questions import Question, REL, hid, outcome, pub, simplex, task, task_judge
 
 EXERCISE = "ex08_vi_elbo_dpo"
@@ -57,6 +57,7 @@ def questions() -> list[Question]:
                  R.dpo_logit_gradient_autograd, tuple(grad), rtol=1e-6, atol=1e-10),
         Question("q6", "Train a micro GPT-2 with your DPO loss", "function", "train_dpo", 6,
                  outcome, tuple(train), timeout=40.0,
-                 library=MICRO_RLHF_LIBRARY + ("klbook_lib.dpo",), full_marks_at=3,
+                 library=MICRO_RLHF_CELLS, task_library=MICRO_RLHF_LIBRARY + ("klbook_lib.dpo",),
+                 full_marks_at=3,
                  public_checks=(dict(args=[100], module="klbook_lib.tasks.micro_rlhf", judge="judge_dpo", kwargs={'eval_seed': 7}, why="training seed 100"),)),
     ]

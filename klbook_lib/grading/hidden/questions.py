@@ -90,9 +90,14 @@ class Question:
     # the address-space limit of the sandbox's processes (one limit per run: the largest).
     timeout: float | None = None
     memory_mb: int | None = None
-    # klbook_lib modules the sandbox offers for this question (e.g. "klbook_lib.ppo" for a task
-    # that trains with the book's PPO); by default only the public checker and runtime.
+    # klbook_lib modules the sandbox offers to the whole notebook for this question; by default
+    # only the public checker and runtime. Never a module that computes an answer of the
+    # exercise: the notebook's cells could call it (AUTHORING.md).
     library: tuple = ()
+    # klbook_lib modules that only the outcome-graded cases need (e.g. "klbook_lib.ppo" for a
+    # task that trains with the book's PPO): those cases run in a sandbox of their own that
+    # offers them, whose answers to every other question are not taken.
+    task_library: tuple = ()
     # Full marks once the cases' credits add up to this many (None: all cases).
     full_marks_at: int | None = None
     # What check() runs for an outcome-graded question in the student's notebook: dicts with
