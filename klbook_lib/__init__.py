@@ -19,6 +19,9 @@ The book and the library speak the same names: each module is one idea of the bo
     seqkl         exact sequence-level KL and its gradients on an enumerable autoregressive policy
     diagnostics   KL as a tool: exploration gauge, phases of a KL trajectory, averaging conventions
     display       tables formatted for reading (no index column, sensible digits)
+    stats         confidence intervals across seeds and the seed standard's asserts
+    optim         optimisers for seed-batched (ensemble) parameters
+    bench         benchmarks run from the command line (``python -m klbook_lib.bench``)
 
 Submodules are imported on first use, so ``import klbook_lib as kb`` is cheap and
 ``kb.divergences.kl`` works. The most used functions are also available at the top:
@@ -34,7 +37,7 @@ __version__ = "0.1.0"
 _SUBMODULES = (
     "divergences", "estimators", "fitting", "controllers", "envs", "ppo", "monitor",
     "rlhf", "dpo", "runtime", "grading", "optimal", "vi", "trpo", "display",
-    "seqkl", "diagnostics",
+    "seqkl", "diagnostics", "stats", "optim", "bench",
 )
 
 

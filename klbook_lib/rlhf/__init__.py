@@ -10,6 +10,7 @@
     overopt       reward-model over-optimisation: best-of-n, proxy reward models, scaling fits
     distill       distillation by forward KL, reverse KL and GKD's JSD; student evaluation
     checks        the argument checks the modules above share
+    seeds         several seeds of the PPO loop in one process, and their benchmark
     pipeline      ``build_pipeline``: everything above, cached on disk
     demo          command-line demo for bigger presets on a GPU
     distributed   data-parallel PPO-RLHF over torchrun processes (``torch.distributed``)
@@ -22,7 +23,7 @@ from __future__ import annotations
 import importlib
 
 _SUBMODULES = ("data", "tokenizer", "models", "reward_model", "rewards", "ppo", "pipeline", "demo", "grpo",
-               "distributed", "overopt", "distill", "checks")
+               "distributed", "overopt", "distill", "checks", "seeds")
 _NAMES = {
     "build_pipeline": "pipeline", "RLHFPipeline": "pipeline",
     "run_rlhf": "ppo", "train_ppo": "ppo", "PPOConfig": "ppo", "evaluate_policy": "ppo",
