@@ -1,4 +1,4 @@
-"""Benchmarks (not unit tests): ``python -m klbook_lib.bench ppo`` and ``... ppo-cuda``.
+"""Benchmarks (not unit tests): ``python -m klbook_lib.bench ppo``, ``... ppo-cuda`` and ``... seeds``.
 
 ``ppo``
     Trains this library's PPO (``PPOConfig.cartpole_bench()``) and Stable-Baselines3's PPO with the
@@ -16,6 +16,16 @@
     :func:`ppo_throughput`); then the time to solve CartPole with 1024 environments on the
     GPU. Exits with an error when CUDA is not available (``--allow-cpu`` runs the same code
     on the CPU, at ``--sizes`` of your choice, to check it; ``--seeds 0`` skips the solving runs).
+
+``seeds``
+    Many seeds for the price of a few, side by side in one process on one torch thread:
+    (a) 10 seeds of the CartPole PPO one after another, one :func:`klbook_lib.ppo.train` per
+    seed (the way the chapters ran them), and (b) the same 10 seeds as one batched
+    :func:`klbook_lib.ppo.train_seeds`, each to the 475 rolling mean (or 100k steps), with the
+    chapters' preset (``PPOConfig()``, i.e. ``cartpole_fast``; ``--preset bench`` for
+    ``cartpole_bench``). Prints both times, the ratio (a) / (b), and whether every seed's run
+    is the same in (a) and (b) (updates, solve step, final weights). Then, if the module
+    exists, the tiny GPT-2 PPO-RLHF's own comparison, ``klbook_lib.rlhf.seeds.seed_benchmark``.
 """
 from __future__ import annotations
 
@@ -270,18 +280,73 @@ def bench_ppo_cuda(allow_cpu: bool = False, seeds: int = 3, json_path: str | Non
     return out
 
 
+def bench_seeds(n_seeds: int = 10, preset: str = "fast", rlhf: bool = True, rlhf_iterations: int = 10,
+                json_path: str | None = None) -> dict:
+    """(a) ``n_seeds`` CartPole PPO runs one by one against (b) one batched run; see the module docstring."""
+    from dataclasses import replace
+
+    from klbook_lib import ppo
+
+    if preset not in ("fast", "bench"):
+        raise ValueError(f"preset: must be 'fast' or 'bench', got {preset!r}")
+    torch.set_num_threads(1)
+    cfg = (ppo.PPOConfig.cartpole_fast if preset == "fast" else ppo.PPOConfig.cartpole_bench)(
+        stop_at_return=SOLVE_RETURN, solve_window=WINDOW)
+    seeds = list(range(n_seeds))
+    print(f"bench seeds: {n_seeds} seeds of the CartPole PPO, PPOConfig.cartpole_{preset}() (the chapters' "
+          f"preset is cartpole_fast, the defaults), to a mean of the last {WINDOW} episodes >= "
+          f"{SOLVE_RETURN:g} or {cfg.total_timesteps:,d} steps, 1 torch thread", flush=True)
+    warm = replace(cfg, total_timesteps=2 * cfg.num_envs * cfg.num_steps, stop_at_return=None)
+    ppo.train(warm, progress=False)                      # warm-up (imports, first steps), not timed
+    ppo.train_seeds(warm, seeds[:2], progress=False)
+    t0 = time.perf_counter()
+    alone = [ppo.train(replace(cfg, seed=s), progress=False) for s in seeds]
+    t1 = time.perf_counter()
+    batched = ppo.train_seeds(cfg, seeds, progress=False)
+    t2 = time.perf_counter()
+    same = [len(a.history["update"]) == len(b.history["update"]) and a.solved_at_step == b.solved_at_step
+            and all(torch.equal(p, q) for p, q in zip(a.agent.parameters(), b.agent.parameters()))
+            for a, b in zip(alone, batched)]
+    out = {"preset": f"cartpole_{preset}", "n_seeds": n_seeds, "seconds_one_by_one": t1 - t0,
+           "seconds_batched": t2 - t1, "ratio": (t1 - t0) / (t2 - t1),
+           "updates": [len(a.history["update"]) for a in alone], "solved": [a.solved for a in alone],
+           "identical_runs": sum(same)}
+    print(f"  (a) one by one: {out['seconds_one_by_one']:.2f} s; (b) batched: {out['seconds_batched']:.2f} s; "
+          f"ratio (a)/(b) = {out['ratio']:.2f}", flush=True)
+    print(f"  updates per seed {out['updates']}, solved {sum(out['solved'])} of {n_seeds}; "
+          f"{sum(same)} of {n_seeds} batched runs identical to their run alone (weights bit for bit)", flush=True)
+    if rlhf:
+        try:
+            from klbook_lib.rlhf.seeds import seed_benchmark
+        except ImportError as exc:
+            print(f"  tiny RLHF PPO: skipped, klbook_lib.rlhf.seeds.seed_benchmark is not importable ({exc})")
+        else:
+            r = seed_benchmark(n_seeds=n_seeds, iterations=rlhf_iterations)
+            out["rlhf"] = r
+            print(f"  tiny RLHF PPO, {r['n_seeds']} seeds x {r['iterations']} iterations: (a) one by one "
+                  f"{r['seconds_sequential']:.2f} s; (b) batched {r['seconds_batched']:.2f} s; ratio (a)/(b) = "
+                  f"{r['ratio']:.2f} (largest score difference {r['max_abs_score_diff']:.2g})", flush=True)
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(out, f, indent=2)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m klbook_lib.bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument("which", choices=["ppo", "ppo-cuda"])
+    parser.add_argument("which", choices=["ppo", "ppo-cuda", "seeds"])
     parser.add_argument("--seeds", type=int, default=None,
-                        help="number of seeds (ppo: 5, ppo-cuda: 3 solving runs; 0 skips them)")
+                        help="number of seeds (ppo: 5, ppo-cuda: 3 solving runs, 0 skips them; seeds: 10)")
+    parser.add_argument("--preset", choices=["fast", "bench"], default="fast",
+                        help="seeds: the CartPole preset (fast: the chapters' defaults)")
+    parser.add_argument("--no-rlhf", action="store_true", help="seeds: skip the tiny RLHF PPO comparison")
     parser.add_argument("--sizes", default=None,
                         help="ppo-cuda: comma-separated numbers of environments (default 1024,16384,131072 on CUDA)")
     parser.add_argument("--updates", type=int, default=5, help="ppo-cuda: timed PPO updates per size")
     parser.add_argument("--json", default=None, help="also write the results to this JSON file")
     parser.add_argument("--allow-cpu", action="store_true", help="ppo-cuda: run on the CPU if CUDA is absent")
     args = parser.parse_args(argv)
-    if args.seeds is not None and args.seeds < (1 if args.which == "ppo" else 0):
+    if args.seeds is not None and args.seeds < (0 if args.which == "ppo-cuda" else 1):
         parser.error("--seeds: must be a positive integer (0 allowed for ppo-cuda)")
     if args.updates < 1:
         parser.error("--updates: must be a positive integer")
@@ -295,6 +360,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--sizes: must be positive, got {args.sizes!r}")
     if args.which == "ppo":
         bench_ppo(args.seeds or 5, args.json)
+    elif args.which == "seeds":
+        bench_seeds(args.seeds or 10, args.preset, not args.no_rlhf, json_path=args.json)
     else:
         bench_ppo_cuda(args.allow_cpu, 3 if args.seeds is None else args.seeds, args.json, sizes, args.updates)
     return 0

@@ -63,16 +63,13 @@ class EnsembleAdam:
         # a tensor with vector instructions and the remainder one by one, and the two round
         # differently (fused multiply-adds), so a stacked (K, 2) bias would be updated unlike a
         # single (2,) bias. Slices of each member's size are updated exactly as alone.
-        ps, gs, ms, vs, ts = [], [], [], [], []
-        for k in ks:
-            t = torch.tensor(float(self.steps[k]), device=self.params[0].device)
-            ps += [p[k] for p in self.params]
-            gs += [g[k] for g in grads]
-            ms += [m[k] for m in self.exp_avgs]
-            vs += [v[k] for v in self.exp_avg_sqs]
-            ts += [t] * len(self.params)
-        torch._fused_adam_(ps, gs, ms, vs, [], ts, lr=self.lr, beta1=self.betas[0], beta2=self.betas[1],
-                           weight_decay=0.0, eps=self.eps, amsgrad=False, maximize=False)
+        def slices(tensors):                      # member-major: member k's tensors, then k + 1's
+            cols = [t.unbind(0) for t in tensors]
+            return [col[k] for k in ks for col in cols]
+        ts = [torch.tensor(float(self.steps[k]), device=self.params[0].device) for k in ks]
+        torch._fused_adam_(slices(self.params), slices(grads), slices(self.exp_avgs), slices(self.exp_avg_sqs),
+                           [], [t for t in ts for _ in self.params], lr=self.lr, beta1=self.betas[0],
+                           beta2=self.betas[1], weight_decay=0.0, eps=self.eps, amsgrad=False, maximize=False)
 
     def keep(self, members: Sequence[int], params: Sequence[torch.Tensor]) -> None:
         """Keep only ``members`` (indices, in the new order); ``params`` are the caller's new

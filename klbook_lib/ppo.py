@@ -883,7 +883,7 @@ class AgentEnsemble:
             # Three layouts of one product x W^T + b, chosen so that the kernels compute what
             # F.linear and its backward compute for one seed, bit for bit (measured on the CPU)
             if w.shape[1] == 1:                  # the value head: one F.linear per seed
-                x = torch.stack([nn.functional.linear(x[k], w[k], b[k]) for k in range(len(w))])
+                x = torch.stack([nn.functional.linear(*xwb) for xwb in zip(x.unbind(0), w.unbind(0), b.unbind(0))])
             elif i == 0:                         # the input layer as (W x^T)^T
                 x = torch.baddbmm(b[:, :, None], w, x.transpose(1, 2)).transpose(1, 2)
             else:
