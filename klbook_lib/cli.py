@@ -115,6 +115,10 @@ def _make_student(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from klbook_lib.grading.batch import safe_output
+
+    for stream in (sys.stdout, sys.stderr):     # whatever the terminal's encoding
+        safe_output(stream)
     parser = argparse.ArgumentParser(prog="klbook", description="Tools of the KL-in-RL book.")
     sub = parser.add_subparsers(dest="command", required=True)
     g = sub.add_parser("grade", help="grade a submitted exercise notebook (in a sandbox)")

@@ -27,7 +27,13 @@ A changed task, a controlled entropy bonus, fine-tuning and a penalty against fo
     PPOConfig(env_kwargs={"length": 0.05}, init_agent=pi_A,            # CartPole, short pole
               anchor_agent=pi_A, anchor_obs=states_A, anchor_coef=0.1)
 Presets take overrides: ``PPOConfig.cartpole_fast(seed=3)``. The benchmark's CartPole preset:
-``PPOConfig.cartpole_bench()``.
+``PPOConfig.cartpole_bench()``. ``PPOConfig.describe()`` says what every field means.
+
+Many seeds at once (:func:`train_seeds`, the last section of this file): the K seeds' networks
+and environments batched into one computation; seed ``s`` of the batch is the run
+``train(PPOConfig(seed=s, ...))`` (same actions, same numbers), in a fraction of the time::
+
+    results = kb.ppo.train_seeds(kb.ppo.PPOConfig(), seeds=range(10))   # list of PPOResult
 
 ``res.history`` is a dict of lists, one entry per update (see :data:`HISTORY_KEYS`).
 ``res.agent`` is the trained :class:`Agent`; ``res.kl_controller`` the controller after

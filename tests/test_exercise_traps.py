@@ -65,6 +65,7 @@ def replace_function(cells: list[str], name: str, new: str) -> list[str]:
 
 def grade_cells(tmp_path: Path, exercise: str, cells: list[str]) -> dict:
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    tmp_path.mkdir(parents=True, exist_ok=True)
     path = tmp_path / f"{exercise}.ipynb"
     nbformat.write(nb, path)
     return grade(path)
@@ -414,3 +415,86 @@ def test_outcome_catches_broken_training_dynamics():
     ns8 = master_namespace("ex08_vi_elbo_dpo")
     flipped = lambda pc, pr, rc, rr, beta: ns8["dpo_loss"](pr, pc, rr, rc, beta)  # noqa: E731
     assert micro_rlhf.judge_dpo(micro_rlhf.train_dpo(flipped, seed=0), eval_seed=1)[0] == 0.0
+
+
+# ---------------------------------------------------------------- 4. answers from the book's library
+# Issue 23: a notebook whose only code wraps the library's own implementation. The training
+# tasks' library exists only in the sandbox of the training call, so these imports are refused
+# in the notebook's cells and the questions score 0. The same wrappers, with the library
+# offered to the cells (as it used to be), earn the points: the wrappers are right.
+LIBRARY_WRAPPERS = {
+    "ex07_token_level_kl": ({"q1": 4, "q2": 3, "q5": 4}, ("klbook_lib.rlhf",), '''
+import torch
+from klbook_lib.rlhf.rewards import per_token_rewards as _ptr
+from klbook_lib.rlhf.ppo import gae as _gae
+
+def _t(x):
+    return torch.as_tensor(np.asarray(x, dtype=float))
+
+def per_token_rewards(logprobs, ref_logprobs, scores, mask, beta):
+    lp, rl, m = _t(logprobs), _t(ref_logprobs), _t(mask)
+    lp, rl = torch.where(m > 0, lp, 0.0), torch.where(m > 0, rl, 0.0)
+    out, keep = torch.zeros(m.shape, dtype=torch.float64), m.sum(1) > 0
+    out[keep] = _ptr(lp[keep], rl[keep], _t(scores)[keep], m[keep], beta)
+    return out.numpy()
+
+def gae(rewards, values, gamma, lam):
+    r = _t(rewards)[None]
+    return _gae(r, _t(values)[None], torch.ones_like(r), gamma, lam)[0][0].numpy()
+
+def masked_gae(rewards, values, mask, gamma, lam):
+    m = _t(mask)
+    out = np.zeros(m.shape)
+    for i in range(m.shape[0]):
+        idx = np.nonzero(m[i].numpy() > 0)[0]
+        if len(idx):
+            out[i, idx] = gae(np.asarray(rewards)[i, idx], np.asarray(values)[i, idx], gamma, lam)
+    return out
+'''),
+    "ex08_vi_elbo_dpo": ({"q1": 4}, ("klbook_lib.dpo",), '''
+import torch
+from klbook_lib.dpo import dpo_loss as _dpo
+
+def dpo_loss(logp_chosen, logp_rejected, ref_chosen, ref_rejected, beta):
+    return _dpo(logp_chosen, logp_rejected, ref_chosen, ref_rejected, beta, reduction="none")[0]
+'''),
+    "ex03_trpo_ppo": ({"q3": 3}, ("klbook_lib.ppo",), '''
+import torch
+from klbook_lib.ppo import surrogate_loss as _surrogate
+
+def ppo_clip_objective(ratio, advantages, eps):
+    r, a = torch.as_tensor(np.asarray(ratio, float)), torch.as_tensor(np.asarray(advantages, float))
+    return np.array([-float(_surrogate(r[i:i + 1], a[i:i + 1], eps, "clip")) for i in range(len(r))])
+'''),
+}
+
+
+@pytest.mark.parametrize("exercise", sorted(LIBRARY_WRAPPERS))
+def test_wrapping_the_books_library_scores_zero(tmp_path, monkeypatch, exercise):
+    import dataclasses
+
+    from klbook_lib.grading.hidden import bank
+
+    full, modules, wrapper = LIBRARY_WRAPPERS[exercise]
+    cells = master_cells(exercise)[:1] + [wrapper]
+    r = grade_cells(tmp_path / "refused", exercise, cells)
+    assert {q: question(r, q)["points"] for q in full} == {q: 0 for q in full}, r["notes"]
+    assert any("refused while grading" in n for n in r["notes"]), r["notes"]
+    real = bank.questions
+
+    def offering(ex):
+        return [dataclasses.replace(q, library=q.library + modules) for q in real(ex)]
+
+    monkeypatch.setattr(bank, "questions", offering)
+    r = grade_cells(tmp_path / "offered", exercise, cells)
+    got = {q: question(r, q)["points"] for q in full}
+    assert got == full, (got, r["notes"], [question(r, q)["messages"] for q in full])
+
+
+def test_ex01_an_all_zeros_kl_from_logits_scores_zero(tmp_path):
+    """Every case of q2 has a non-zero KL somewhere: returning zeros earns none of its points."""
+    zeros = "def kl_from_logits(logits_p, logits_q):\n    return np.zeros(np.shape(logits_p)[:-1])\n"
+    cells = replace_function(master_cells("ex01_kl_definition"), "kl_from_logits", zeros)
+    r = grade_cells(tmp_path, "ex01_kl_definition", cells)
+    assert question(r, "q2")["points"] == 0, question(r, "q2")["messages"]
+    assert question(r, "q1")["points"] == 4

@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from klbook_lib.grading import cgroups
 from klbook_lib.grading.grader import GraderError, find_exercise, grade, isolation
 from klbook_lib.grading.protocol import clean
 
@@ -113,15 +114,36 @@ def csv_cell(text) -> str:
     return text
 
 
-def json_filename(student: str) -> str:
+_HASHED = re.compile(r".*-[0-9a-f]{10}")
+
+
+def json_filename(student: str, hashed: bool = False) -> str:
     """The file name of a student's JSON: the name itself when it is plain (letters, digits,
-    ``._-``), else a plain version of it plus a hash of the real name (so that two names
-    never share a file)."""
+    ``._-``), else (or with ``hashed``) a plain version of it plus ``-`` and a hash of the
+    real name. A plain name that itself ends like a hash (``bob-be1b495986``) is hashed too,
+    so that no plain name can be another student's hashed one."""
     ascii_name = unicodedata.normalize("NFKD", student).encode("ascii", "ignore").decode()
     slug = re.sub(r"[^A-Za-z0-9._-]+", "_", ascii_name).strip("._-")[:80] or "student"
-    if slug != student:
+    if hashed or slug != student or _HASHED.fullmatch(slug):
         slug += "-" + hashlib.sha256(student.encode("utf-8", "surrogatepass")).hexdigest()[:10]
     return slug + ".json"
+
+
+def json_filenames(students: list[str]) -> dict[str, str]:
+    """Every student's JSON file name, none shared, even on a file system that ignores case
+    (``Bob`` and ``bob``: both get the hashed form). Raises :class:`LayoutError` in the
+    (astronomically unlikely) case of two hashes alike."""
+    names = {s: json_filename(s) for s in students}
+    folded: dict[str, list[str]] = {}
+    for s, f in names.items():
+        folded.setdefault(f.casefold(), []).append(s)
+    for group in folded.values():
+        if len(group) > 1:
+            for s in group:
+                names[s] = json_filename(s, hashed=True)
+    if len({f.casefold() for f in names.values()}) != len(names):
+        raise LayoutError("two students' JSON files would have the same name; rename one folder")
+    return names
 
 
 # ---------------------------------------------------------------- finding the submissions
@@ -278,6 +300,12 @@ def grade_class(folder: str | os.PathLike, *, jobs: int = 1,
     start = time.monotonic()
     students, notes = find_submissions(folder)
     backend = isolation(bool(grade_kwargs.get("unsafe_no_isolation", False)))
+    groups = cgroups.support()
+    if jobs > 1 and not groups.available:
+        raise GraderError(
+            f"--jobs {jobs}: grading several notebooks at once needs cgroups, which give each "
+            f"sandbox its own share of CPU and memory (without them one notebook can starve "
+            f"the others); this machine has none ({groups.reason}). Grade with --jobs 1")
     todo = [s for st in students for s in st.submissions if s.path is not None]
     tasks: queue.Queue = queue.Queue()
     done: queue.Queue = queue.Queue()
@@ -294,7 +322,8 @@ def grade_class(folder: str | os.PathLike, *, jobs: int = 1,
     for t in threads:
         t.join()
     return {"folder": str(folder), "students": students, "notes": notes, "jobs": jobs,
-            "isolation": backend.describe(), "seconds": round(time.monotonic() - start, 2)}
+            "isolation": f"{backend.describe()}; {groups.describe()}",
+            "seconds": round(time.monotonic() - start, 2)}
 
 
 # ---------------------------------------------------------------- results
@@ -416,9 +445,9 @@ def write_outputs(batch: dict, csv_path: str | os.PathLike, json_dir: str | os.P
     buf = io.StringIO()
     csv.writer(buf, lineterminator="\n").writerows(csv_rows(batch))
     atomic_write_text(Path(csv_path).resolve(), buf.getvalue())
+    files = json_filenames([st.name for st in batch["students"]])
     for st in batch["students"]:
-        atomic_write_text(jdir / json_filename(st.name),
-                      json.dumps(student_record(st), indent=1) + "\n")
+        atomic_write_text(jdir / files[st.name], json.dumps(student_record(st), indent=1) + "\n")
 
 
 def summary(batch: dict) -> str:
@@ -465,12 +494,25 @@ def refused_lines(batch: dict) -> list[str]:
     return out
 
 
+def safe_output(stream) -> None:
+    """Make a text stream write what its encoding cannot as escapes (``\\u4e2d``) instead of
+    raising UnicodeEncodeError (a student's name on a terminal that is not UTF-8)."""
+    reconfigure = getattr(stream, "reconfigure", None)
+    if reconfigure is not None:
+        try:
+            reconfigure(errors="backslashreplace")
+        except (ValueError, OSError):
+            pass
+
+
 def run_cli(folder: str, csv_path: str, json_dir: str | None, jobs: int, out=None,
             **grade_kwargs) -> int:
     """``klbook grade DIR --csv FILE``: grade, print progress and a summary, write the files.
     Returns the exit status: 0 when the results were written, 2 when nothing could be graded."""
     out = out or sys.stdout
     err = sys.stderr
+    for stream in (out, err):          # a name the terminal cannot encode never stops the batch
+        safe_output(stream)
     json_dir = json_dir or str(default_json_dir(csv_path))
     try:
         check_outputs(folder, csv_path, json_dir)
@@ -486,6 +528,8 @@ def run_cli(folder: str, csv_path: str, json_dir: str | None, jobs: int, out=Non
     except KeyboardInterrupt:
         print("klbook grade: interrupted; no result was written", file=err)
         return 130
+    if "NO cgroups" in batch["isolation"]:
+        print("WARNING: " + batch["isolation"].split("; ")[-1], file=out)
     for line in batch["notes"] + refused_lines(batch):
         print(line, file=out)
     try:

@@ -783,10 +783,15 @@ def grade(notebook: str | os.PathLike, exercise: str | None = None, timeout: flo
         text = raw.decode("utf-8")
         deadline = start + timeout
         plain, tasks = _split(questions)
+        cell_library = [m for q in questions for m in q.library]
         for part, task in ((plain, False), (tasks, True)):
             if not part:
                 continue
-            library = [m for q, _ in part for m in q.library + (q.task_library if task else ())]
+            # the cells' sandbox: the declared modules and what importing them imports; the
+            # tasks' sandbox: also the task modules and everything they import when called
+            library = sandbox.library_closure(
+                cell_library + ([m for q, _ in part for m in q.task_library] if task else []),
+                everything=task)
             session = _Session(backend, cells, [_plan_question(q, call_timeout, idx) for q, idx in part],
                                nb_name, text, timeout, cell_timeout, limits, tuple(library), groups)
             session.run(deadline)

@@ -219,6 +219,73 @@ def library_files(modules) -> tuple[str, ...]:
     return tuple(files)
 
 
+def _module_file(name: str) -> Path | None:
+    rel = Path(*name.split(".")[1:])
+    for f in (PACKAGE_DIR / rel / "__init__.py", (PACKAGE_DIR / rel).with_suffix(".py")):
+        if f.is_file():
+            return f
+    return None
+
+
+def _imports(path: Path, module: str, everything: bool) -> set[str]:
+    """The ``klbook_lib`` modules a file imports: at its top level only (not inside functions,
+    nor under ``if TYPE_CHECKING``), or ``everything``."""
+    import ast
+
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    out: set[str] = set()
+
+    def visit(nodes) -> None:
+        for node in nodes:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) and not everything:
+                continue
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.dump(node.test):
+                continue
+            if isinstance(node, ast.Import):
+                out.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")
+                    parts = parts[:len(parts) - node.level + 1]
+                    base = ".".join(parts + ([node.module] if node.module else []))
+                subs = {f"{base}.{a.name}" for a in node.names}
+                found = {m for m in subs if _module_file(m) is not None}
+                out.update(found)
+                if found != subs:          # names of the module itself, not submodules
+                    out.add(base)
+            visit(ast.iter_child_nodes(node))
+
+    visit(tree.body)
+    return {m for m in out if m.split(".")[0] == "klbook_lib" and _module_file(m) is not None}
+
+
+def library_closure(modules, everything: bool = False) -> tuple[str, ...]:
+    """``modules`` and every ``klbook_lib`` module they import, transitively (modules and
+    packages named; packages with all their modules): at the top level of each file only,
+    which is what importing them runs, or ``everything`` (imports inside functions too)."""
+    named = {str(m) for m in modules}
+    todo = sorted(named)
+    seen: list[str] = []
+    while todo:
+        name = todo.pop()
+        if name in seen or name.split(".")[:2] == ["klbook_lib", "grading"] or name == "klbook_lib":
+            continue
+        seen.append(name)
+        f = _module_file(name)
+        if f is None:
+            continue
+        files = [f]
+        if f.name == "__init__.py" and name in named:     # a package named: all of it
+            files = sorted(f.parent.rglob("*.py"))
+        for g in files:
+            sub = ".".join(["klbook_lib", *g.relative_to(PACKAGE_DIR).with_suffix("").parts])
+            sub = sub.removesuffix(".__init__")
+            todo += sorted(_imports(g, sub, everything) - set(seen))
+    return tuple(sorted(seen))
+
+
 def make_staging(root: Path, extra_files: tuple = ()) -> None:
     """Write the runner and the public copy of ``klbook_lib`` into ``root`` (read-only inside)."""
     lib = root / "lib" / "klbook_lib"

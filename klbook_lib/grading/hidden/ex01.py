@@ -29,8 +29,11 @@ def questions() -> list[Question]:
     ]
     logit_cases = [
         pub(A([[0.0, 1.0, 2.0]]), A([[2.0, 1.0, 0.0]]), why="one row"),
-        pub(A([[1000.0, 0.0, -1000.0]]), A([[999.0, 0.0, 0.0]]), why="huge logits"),
-        pub(A([[5.0, 5.0], [0.0, 3.0]]), A([[105.0, 105.0], [0.0, 3.0]]), why="shifted logits: KL 0"),
+        pub(A([[1000.0, 0.0, -1000.0]]), A([[999.0, 1000.0, 0.0]]), why="huge logits"),
+        # shifted logits give KL 0; the second row moved, so that no case is all zeros
+        # (a function returning zeros must not earn any of the question's points)
+        pub(A([[5.0, 5.0], [0.0, 3.0]]), A([[105.0, 105.0], [1.0, 2.0]]),
+            why="the first row's logits shifted: KL 0 there"),
     ] + [hid(rng.normal(0, s, (4, 7)), rng.normal(0, s, (4, 7))) for s in (1.0, 10.0)] + [
         hid(A([[-800.0, 800.0, 0.0], [700.0, 701.0, -5.0]]), A([[0.0, 0.0, 0.0], [-700.0, 0.0, 1.0]]),
              probe="logits of size 800: exp overflows"),

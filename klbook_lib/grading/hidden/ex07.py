@@ -17,7 +17,7 @@ A = np.array
 MICRO_RLHF_LIBRARY = ("klbook_lib.rlhf", "klbook_lib.tasks")
 # what the notebook's cells may import: the task module and the review data it builds on
 # (klbook_lib.rlhf.rewards and .ppo compute the answers of questions 1, 2 and 5)
-MICRO_RLHF_CELLS = ("klbook_lib.tasks", "klbook_lib.rlhf.data")
+MICRO_RLHF_CELLS = ("klbook_lib.tasks.micro_rlhf", "klbook_lib.rlhf.data")
 
 
 def padded_mask(rng, b, t, lo=1):
