@@ -883,8 +883,10 @@ class AgentEnsemble:
         p = [t for n, t in zip(self.names, self.params) if n.startswith(net + ".")]
         return list(zip(p[0::2], p[1::2]))           # (weight, bias) per Linear layer
 
-    def _forward(self, net: str, x: torch.Tensor) -> torch.Tensor:
+    def _forward(self, net: str, x: torch.Tensor, members: list[int] | None = None) -> torch.Tensor:
         layers = self._layers(net)
+        if members is not None:                  # only these members (x has their rows only)
+            layers = [(w[members], b[members]) for w, b in layers]
         for i, (w, b) in enumerate(layers):
             # Three layouts of one product x W^T + b, chosen so that the kernels compute what
             # F.linear and its backward compute for one seed, bit for bit (measured on the CPU)
@@ -902,9 +904,9 @@ class AgentEnsemble:
         """``(K, B, n_actions)`` logits of ``pi_theta(.|s)``."""
         return self._forward("actor", obs)
 
-    def value(self, obs: torch.Tensor) -> torch.Tensor:
-        """``(K, B)`` values ``V(s)``."""
-        return self._forward("critic", obs).squeeze(-1)
+    def value(self, obs: torch.Tensor, members: list[int] | None = None) -> torch.Tensor:
+        """``(K, B)`` values ``V(s)`` (``members``: only those members, ``obs`` has their rows)."""
+        return self._forward("critic", obs, members).squeeze(-1)
 
     def agent(self, k: int) -> Agent:
         """Member ``k`` as a plain :class:`Agent` (a copy of its weights)."""
@@ -1052,9 +1054,10 @@ def train_seeds(config: PPOConfig | None = None, seeds: Sequence[int] = range(10
             b_logprobs = proto.log_prob((old_logits,), b_actions)
             values = first[1].detach().reshape(K, T, N).transpose(0, 1)
             rewards = rew_buf * cfg.reward_scale
-            if trunc_buf.any():                      # bootstrap truncated episodes from V(final obs)
-                final_v = ens.value(per_seed(final_obs_buf)).reshape(K, T, N).transpose(0, 1)
-                rewards = rewards + cfg.gamma * final_v * trunc_buf
+            cut = trunc_buf.any(2).any(0).nonzero().flatten().tolist()   # seeds with a truncated episode
+            if cut:                                  # bootstrap truncated episodes from V(final obs)
+                final_v = ens.value(per_seed(final_obs_buf)[cut], cut).reshape(len(cut), T, N).transpose(0, 1)
+                rewards[:, cut] = rewards[:, cut] + cfg.gamma * final_v * trunc_buf[:, cut]
             advantages = gae(rewards, values, ens.value(obs), done_buf, cfg.gamma, cfg.gae_lambda)
             b_adv, b_returns = per_seed(advantages), per_seed(advantages + values)
             b_values = per_seed(values)
