@@ -437,3 +437,13 @@ def test_train_seeds_callback_and_refusals():
         ppo.train_seeds(ppo.PPOConfig.pendulum(total_timesteps=1024), [0, 1], progress=False)
     with pytest.raises(ValueError, match="seeds"):
         ppo.train_seeds(ppo.PPOConfig(**SHORT), [1, 1], progress=False)
+
+
+def test_every_hyperparameter_is_described_and_logged():
+    from dataclasses import fields
+
+    names = [f.name for f in fields(ppo.PPOConfig)]
+    doc = ppo.PPOConfig.describe()
+    assert list(doc) == names and all(len(d) > 10 for d in doc.values())
+    res = ppo.train(ppo.PPOConfig(total_timesteps=256, stop_at_return=None, learning_rate=5e-3), progress=False)
+    assert list(res.hyperparameters) == names and res.hyperparameters["learning_rate"] == 5e-3
