@@ -824,3 +824,266 @@ def test_a_checkout_inside_the_environment_is_masked(tmp_path, monkeypatch):
     text = " ".join(cmd)
     assert f"--tmpfs {repo} " in text and f"--remount-ro {repo} " in text
     assert text.index(f"--tmpfs {repo} ") < text.index(f"--ro-bind {sp} {sp}") < text.index(f"--remount-ro {repo}")
+
+
+# ---------------------------------------------------------------- issue 23: seccomp, cgroups, limits
+from klbook_lib.grading import batch as B  # noqa: E402
+from klbook_lib.grading import cgroups, syscalls  # noqa: E402
+
+NO_CGROUPS = not cgroups.support().available
+CGROUP_REASON = f"no cgroups on this machine: {cgroups.support().reason}"
+
+# Each probe asserts inside the sandbox; a failed assertion shows as a failed cell (a note).
+KEYRING_PROBE = '''
+import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+NR = {nr}
+def refused(*args):
+    r = libc.syscall(*args)
+    return r == -1 and ctypes.get_errno() == errno.EPERM
+assert refused({add_key}, b"user", b"klbook-{marker}", b"stolen", 6, -3), "add_key to the session keyring"
+assert refused({add_key}, b"user", b"klbook-{marker}", b"stolen", 6, -4), "add_key to the user keyring"
+assert refused({request_key}, b"user", b"{secret}", None, 0), "request_key of the grader's key"
+assert refused(NR, 11, -3, None, 0), "KEYCTL_READ of the session keyring"
+assert refused(NR, 6, -3), "KEYCTL_CLEAR of the session keyring"
+assert refused(NR, 0, -3, 0), "KEYCTL_GET_KEYRING_ID"
+'''
+
+ESCAPES_PROBE = '''
+import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+def refused(fn, *args):
+    r = fn(*args)
+    return r == -1 and ctypes.get_errno() == errno.EPERM
+for flags in (0x10000000, 0x20000, 0x10020000, 0x40000000, 0x20000000):   # NEWUSER NEWNS ... NEWPID
+    assert refused(libc.unshare, flags), hex(flags)
+assert refused(libc.mount, b"none", b"/tmp/work", b"tmpfs", 0, None), "mount"
+assert refused(libc.ptrace, 16, 1, None, None), "ptrace attach"
+try:
+    os.memfd_create("hold")
+except PermissionError:
+    pass
+else:
+    raise AssertionError("memfd_create")
+assert not os.path.exists("/dev/ptmx")
+for tty in ("/dev/ptmx", "/dev/pts/ptmx"):
+    try:
+        open(tty, "rb+").close()
+    except OSError:
+        pass
+    else:
+        raise AssertionError("opened " + tty)
+try:
+    with open("/dev/shm/fill", "wb") as fh:
+        for _ in range(100):
+            fh.write(b"x" * (1 << 20))
+except OSError as exc:
+    assert exc.errno in (errno.ENOSPC, errno.EFBIG), exc
+else:
+    raise AssertionError("wrote 100 MB into /dev/shm")
+pid = os.fork()                                  # ordinary processes and threads still work
+if pid == 0:
+    os._exit(7)
+assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 7
+import threading
+t = threading.Thread(target=lambda: None)
+t.start()
+t.join()
+'''
+
+
+def _add_key(name: str, value: bytes) -> int:
+    """A key in this (the grader's) session keyring, as a secret the notebook must not reach."""
+    import ctypes
+
+    import pyseccomp
+
+    nr = pyseccomp.resolve_syscall(pyseccomp.system_arch(), "add_key")
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.syscall(nr, b"user", name.encode(), value, len(value), -3)
+
+
+@pytest.mark.parametrize("forced_mode", MODES, indirect=True)
+def test_the_kernel_keyring_is_out_of_reach(env, tmp_path, forced_mode):
+    import pyseccomp
+
+    arch = pyseccomp.system_arch()
+    secret = f"klbook-secret-{env['marker']}"
+    assert _add_key(secret, b"the answer") > 0
+    probe = KEYRING_PROBE.format(nr=syscalls.keyctl_number(), marker=env["marker"], secret=secret,
+                                 add_key=pyseccomp.resolve_syscall(arch, "add_key"),
+                                 request_key=pyseccomp.resolve_syscall(arch, "request_key"))
+    r = grade(write_nb(tmp_path / "sub", [probe] + master_cells()))
+    assert r["notes"] == [], r["notes"]
+    assert r["score"] == 12 and "seccomp" in r["isolation"]
+
+
+def test_a_key_cannot_carry_an_answer_to_the_next_student(env, tmp_path):
+    """Issue 23's batch attack: the first notebook leaves the answer in a key, the second reads
+    it. Both are graded one after the other in one batch; the second gets nothing."""
+    import pyseccomp
+
+    arch = pyseccomp.system_arch()
+    leave = (f"import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+             f"for ring in (-3, -4, -5):\n"
+             f"    libc.syscall({pyseccomp.resolve_syscall(arch, 'add_key')}, b'user', b'klbook-q4', "
+             f"b'C', 1, ring)\n")
+    take = (f"import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nbuf = ctypes.create_string_buffer(8)\n"
+            f"answer_q4 = None\n"
+            f"for ring in (-3, -4, -5):\n"
+            f"    k = libc.syscall({syscalls.keyctl_number()}, 10, ring, b'user', b'klbook-q4', 0)\n"
+            f"    if k > 0 and libc.syscall({syscalls.keyctl_number()}, 11, k, buf, 8) > 0:\n"
+            f"        answer_q4 = buf.value.decode()\n")
+    klass = tmp_path / "class"
+    write_nb(klass / "alice", master_cells()[:1] + [WRONG_ANSWERS, leave])
+    write_nb(klass / "bob", master_cells()[:1] + [WRONG_ANSWERS, take])
+    res = B.grade_class(klass, jobs=1)
+    bob = next(s for st in res["students"] if st.name == "bob" for s in st.submissions)
+    assert bob.result["score"] == 0, points(bob.result)
+
+
+@pytest.mark.parametrize("forced_mode", MODES, indirect=True)
+def test_namespaces_mounts_tracing_memfd_and_ptys_are_refused(env, tmp_path, forced_mode):
+    r = grade(write_nb(tmp_path / "sub", [ESCAPES_PROBE] + master_cells()))
+    assert r["notes"] == [], r["notes"]
+    assert r["score"] == 12
+
+
+@pytest.mark.skipif(NO_CGROUPS, reason=CGROUP_REASON)
+def test_the_cgroup_bounds_the_memory_of_the_whole_sandbox(env, tmp_path):
+    """Six processes of 150 MB each stay under the per-process limit but not under the
+    sandbox's 512 MB: the kernel kills one of them, and the honest answers keep their points."""
+    hog = '''
+import os, time
+kids = []
+for i in range(6):
+    pid = os.fork()
+    if pid == 0:
+        block = b"x" * (150 << 20)
+        time.sleep(4)
+        os._exit(0)
+    kids.append(pid)
+killed = 0
+for pid in kids:
+    status = os.waitpid(pid, 0)[1]
+    killed += os.WIFSIGNALED(status) and os.WTERMSIG(status) == 9
+assert killed >= 1, "no process was stopped by the sandbox's memory limit"
+'''
+    r = grade(write_nb(tmp_path / "sub", [hog] + master_cells()),
+              limits=G.Limits(total_memory_bytes=512 << 20))
+    assert "cgroup v" in r["isolation"]
+    assert r["score"] == 12, (points(r), r["notes"])
+    assert all("code cell 1" not in n or "memory limit" in n for n in r["notes"]), r["notes"]
+
+
+BUSY_NEIGHBOUR = '''
+import os, signal, time
+signal.signal(signal.SIGALRM, signal.SIG_IGN)
+for i in range(60):
+    if os.fork() == 0:
+        os.setsid()
+        signal.signal(signal.SIGALRM, signal.SIG_IGN)
+        while True:
+            pass
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(NO_CGROUPS, reason=CGROUP_REASON)
+def test_a_busy_neighbour_in_a_batch_leaves_the_honest_notebook_its_marks(env, tmp_path):
+    """Issue 23: 60 busy children beside an honest ex05 master, graded with --jobs 2."""
+    honest = REPO / "exercises" / "masters" / "ex05_kl_in_practice.ipynb"
+    klass = tmp_path / "class"
+    (klass / "alice").mkdir(parents=True)
+    (klass / "alice" / honest.name).write_bytes(honest.read_bytes())
+    write_nb(klass / "mallory", [BUSY_NEIGHBOUR] + ["import time\ntime.sleep(15)"] * 3 + master_cells())
+    res = B.grade_class(klass, jobs=2)
+    alice = next(s for st in res["students"] if st.name == "alice" for s in st.submissions)
+    assert alice.result["score"] == alice.result["max_score"] == 23, (points(alice.result),
+                                                                       alice.result["notes"])
+
+
+def test_without_cgroups_the_result_says_so_and_jobs_above_one_refuse(env, tmp_path):
+    no_cg = {**env["cli_env"], cgroups.ENV: "none"}
+    out = tmp_path / "r.json"
+    res = run_cli(["grade", str(MASTER), "--json", str(out)], no_cg)
+    assert res.returncode == 0, res.stderr
+    assert "WARNING: no cgroups" in res.stdout and res.stdout.strip().splitlines()[-1] == "Score: 12/12"
+    assert "NO cgroups (switched off by KLBOOK_CGROUP=none)" in json.loads(out.read_text())["isolation"]
+    klass = tmp_path / "class"
+    (klass / "alice").mkdir(parents=True)
+    (klass / "alice" / MASTER.name).write_bytes(MASTER.read_bytes())
+    res = run_cli(["grade", str(klass), "--csv", str(tmp_path / "g.csv"), "--jobs", "2"], no_cg)
+    assert res.returncode == 2 and "--jobs 2" in res.stderr and "cgroups" in res.stderr, res.stderr
+    assert "--jobs 1" in res.stderr and not (tmp_path / "g.csv").exists()
+    res = run_cli(["grade", str(klass), "--csv", str(tmp_path / "g.csv"), "--jobs", "1"], no_cg)
+    assert res.returncode == 0 and "WARNING: NO cgroups" in res.stdout, res.stdout
+
+
+def test_cgroups_are_used_where_the_machine_has_them(env, tmp_path):
+    s = cgroups.support()
+    r = grade(MASTER)
+    assert r["score"] == 12
+    if s.available:
+        assert f"cgroup v{s.version} per sandbox" in r["isolation"]
+        for parent in map(Path, s.parents):   # every run's group is gone afterwards
+            assert not parent.exists() or not [p for p in parent.iterdir() if p.is_dir()], parent
+    else:
+        assert "NO cgroups" in r["isolation"]
+
+
+def test_a_notebook_built_to_blow_up_the_parser_costs_the_grader_nothing(env, tmp_path):
+    import resource
+
+    path = tmp_path / "ex01_kl_definition.ipynb"
+    with open(path, "w") as fh:                          # 48 MB of empty cells
+        fh.write('{"cells": [')
+        fh.write(",".join(["{}"] * (16 << 20)))
+        fh.write('], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}')
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    r = grade(path)
+    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before       # kB
+    assert r["score"] == 0 and "could not be read" in r["notes"][0], r["notes"]
+    assert grown < 400_000, f"the grader grew by {grown / 1024:.0f} MB"
+
+
+def test_notes_and_messages_are_capped(env, tmp_path):
+    failing = [f"raise ValueError({i})" for i in range(3000)]
+    out = tmp_path / "r.json"
+    path = write_nb(tmp_path / "sub", failing + master_cells())
+    res = run_cli(["grade", str(path), "--json", str(out)], env["cli_env"], timeout=300)
+    assert res.returncode == 0 and res.stdout.strip().splitlines()[-1] == "Score: 12/12", res.stdout[-500:]
+    r = json.loads(out.read_text())
+    assert len(r["notes"]) == G.MAX_NOTES and "more notes (not shown)" in r["notes"][-1]
+    assert len(res.stdout.splitlines()) < 100 and out.stat().st_size < 100_000
+    assert G.cap([str(i) for i in range(5)], 3) == ["0", "1", "... and 3 more notes (not shown)"]
+
+
+def test_the_report_survives_a_terminal_that_is_not_utf8(env, tmp_path):
+    ascii_env = {**env["cli_env"], "PYTHONIOENCODING": "ascii:strict", "LC_ALL": "C"}
+    klass = tmp_path / "class"
+    for who in ("Jos\u00e9", "\u674e\u96f7", "bob"):
+        (klass / who).mkdir(parents=True)
+        (klass / who / "ex01_\u00e9t\u00e9.ipynb").write_bytes(MASTER.read_bytes())
+    csv_path = tmp_path / "grades.csv"
+    res = run_cli(["grade", str(klass), "--csv", str(csv_path)], ascii_env, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "Jos\\xe9" in res.stdout and "Summary: graded 3 notebook(s)" in res.stdout
+    rows = csv_path.read_text(encoding="utf-8").splitlines()
+    assert sum(r.endswith(",4,4,") or ",q1," in r for r in rows) >= 3
+    assert len(list((tmp_path / "grades-json").iterdir())) == 3
+    one = run_cli(["grade", str(klass / "bob" / "ex01_\u00e9t\u00e9.ipynb")], ascii_env)
+    assert one.returncode == 0 and one.stdout.strip().splitlines()[-1] == "Score: 12/12", one.stderr
+
+
+def test_two_students_never_share_a_json_file(tmp_path):
+    hashed = B.json_filename("bob!")
+    assert hashed.startswith("bob-") and hashed != "bob.json"
+    twin = hashed[:-len(".json")]                       # a folder named like bob!'s file
+    names = B.json_filenames(["bob!", twin, "bob", "Bob", "BOB", "alice"])
+    assert len({f.casefold() for f in names.values()}) == 6, names
+    assert names["alice"] == "alice.json" and names[twin] != hashed
+    batch = {"students": [B.Student(n, tmp_path) for n in ("bob!", twin, "Bob", "bob")]}
+    B.write_outputs(batch, tmp_path / "out" / "g.csv", tmp_path / "out" / "json")
+    records = [json.loads(p.read_text())["student"] for p in (tmp_path / "out" / "json").iterdir()]
+    assert sorted(records) == sorted(["bob!", twin, "Bob", "bob"])

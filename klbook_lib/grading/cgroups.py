@@ -83,8 +83,8 @@ class Cgroup:
         self.dirs = [Path(p) / name for p in support.parents]
         made: list[Path] = []
         try:
-            for d in self.dirs:
-                d.mkdir(mode=0o755)
+            for d in self.dirs:      # v1: klbook-grade/ again if the last run just removed it
+                d.mkdir(mode=0o755, parents=support.version == 1)
                 made.append(d)
             self._configure(int(memory_bytes), int(processes) + EXTRA_PROCESSES, float(cpus))
         except OSError:
@@ -164,6 +164,9 @@ class Cgroup:
                         if time.monotonic() > deadline + 2:
                             break
                     time.sleep(0.02)
+        if self.support.version == 1:          # v1 needs nothing of klbook-grade/: leave no
+            for d in self.dirs:                # empty folder in the machine's hierarchy
+                _rmdir(d.parent)
 
 
 def _kill_members(d: Path) -> None:
