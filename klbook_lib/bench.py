@@ -299,20 +299,23 @@ def bench_seeds(n_seeds: int = 10, preset: str = "fast", rlhf: bool = True, rlhf
     warm = replace(cfg, total_timesteps=2 * cfg.num_envs * cfg.num_steps, stop_at_return=None)
     ppo.train(warm, progress=False)                      # warm-up (imports, first steps), not timed
     ppo.train_seeds(warm, seeds[:2], progress=False)
-    t0 = time.perf_counter()
+    # wall clock, and this process's CPU time (less moved by other work on a shared machine)
+    t0, c0 = time.perf_counter(), time.process_time()
     alone = [ppo.train(replace(cfg, seed=s), progress=False) for s in seeds]
-    t1 = time.perf_counter()
+    t1, c1 = time.perf_counter(), time.process_time()
     batched = ppo.train_seeds(cfg, seeds, progress=False)
-    t2 = time.perf_counter()
+    t2, c2 = time.perf_counter(), time.process_time()
     same = [len(a.history["update"]) == len(b.history["update"]) and a.solved_at_step == b.solved_at_step
             and all(torch.equal(p, q) for p, q in zip(a.agent.parameters(), b.agent.parameters()))
             for a, b in zip(alone, batched)]
     out = {"preset": f"cartpole_{preset}", "n_seeds": n_seeds, "seconds_one_by_one": t1 - t0,
            "seconds_batched": t2 - t1, "ratio": (t1 - t0) / (t2 - t1),
+           "cpu_seconds_one_by_one": c1 - c0, "cpu_seconds_batched": c2 - c1, "cpu_ratio": (c1 - c0) / (c2 - c1),
            "updates": [len(a.history["update"]) for a in alone], "solved": [a.solved for a in alone],
            "identical_runs": sum(same)}
     print(f"  (a) one by one: {out['seconds_one_by_one']:.2f} s; (b) batched: {out['seconds_batched']:.2f} s; "
-          f"ratio (a)/(b) = {out['ratio']:.2f}", flush=True)
+          f"ratio (a)/(b) = {out['ratio']:.2f} (CPU time: {out['cpu_seconds_one_by_one']:.2f} s and "
+          f"{out['cpu_seconds_batched']:.2f} s, ratio {out['cpu_ratio']:.2f})", flush=True)
     print(f"  updates per seed {out['updates']}, solved {sum(out['solved'])} of {n_seeds}; "
           f"{sum(same)} of {n_seeds} batched runs identical to their run alone (weights bit for bit)", flush=True)
     if rlhf:

@@ -24,6 +24,9 @@ reproducible given ``(seed, num_envs)``. To make every copy independently reprod
 pass a list of seeds to :meth:`reset`: copy ``i`` then draws its first state from its own
 generator seeded with ``seed[i]`` (the same state a single-copy environment with that seed
 draws first).
+
+:class:`SeedBatch` steps K such environments (one per seed, each with its own generator) as
+one batch of ``K * N`` copies: the batched trainer :func:`klbook_lib.ppo.train_seeds` uses it.
 """
 from __future__ import annotations
 
