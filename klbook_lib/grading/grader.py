@@ -827,7 +827,10 @@ def grade(notebook: str | os.PathLike, exercise: str | None = None, timeout: flo
             "max_score": float(sum(q.points for q in questions)), "questions": scored,
             "notes": cap([clean(n, 400) for n in notes], MAX_NOTES),
             "isolation": f"{backend.describe()}; {groups.describe()}",
-            "runs": sum(s.runs for s, _ in sessions),
+            # runs of the notebook's sandbox (more than 1 after a cell or call that hung); the
+            # sandbox of the training tasks, if any, apart
+            "runs": sessions[0][0].runs if sessions else 0,
+            "task_runs": sum(s.runs for s, _ in sessions[1:]),
             "seconds": round(time.monotonic() - start, 2)}
 
 
