@@ -14,6 +14,10 @@
   ``{klbook-install}`` (used on the landing page) prints the exact commands, and the
   download menu of every notebook page says that the notebook needs ``klbook_lib`` and
   links those instructions.
+* **No link to a PDF that is not there.** The landing page links ``book.pdf``, which
+  ``make pdf`` writes (``tools/build_pdf.py``). After an HTML build without it the link
+  is replaced by a note saying how to make it; ``tools/build_pdf.py`` puts the link back
+  when it copies the PDF in (``pdf_link``).
 * **Printing.** A print stylesheet makes the page's own print button (and
   ``tools/build_pdf.py``, which prints the whole book) produce every page of the
   text, with long code lines wrapped instead of cut off.
@@ -234,6 +238,37 @@ def _singlehtml_visitors(app) -> None:
         single.setdefault(node_name, visitors)
 
 
+# ------------------------------------------------------------------- the PDF's link
+PDF_NAME = "book.pdf"
+PDF_LINK = f'<a class="klbook-book-pdf" href="{PDF_NAME}">{PDF_NAME}</a>'
+PDF_MISSING = ('<span class="klbook-book-pdf klbook-book-pdf-missing">book.pdf (not in this build '
+               'of the site: <code class="docutils literal notranslate"><span class="pre">make</span> '
+               '<span class="pre">pdf</span></code> writes it)</span>')
+_PDF_ANY = re.compile(re.escape(PDF_LINK) + "|" + re.escape(PDF_MISSING))
+
+
+def pdf_link(html: str, present: bool) -> str:
+    """``html`` with the landing page's PDF link shown (``present``) or replaced by a note."""
+    return _PDF_ANY.sub(lambda m: PDF_LINK if present else PDF_MISSING, html)
+
+
+def sync_pdf_link(outdir: Path, root_doc: str = "intro") -> bool:
+    """Link ``book.pdf`` from the landing page iff ``outdir/book.pdf`` exists; return whether it does."""
+    page = Path(outdir) / f"{root_doc}.html"
+    present = (Path(outdir) / PDF_NAME).is_file()
+    if page.is_file():
+        text = page.read_text(encoding="utf-8")
+        new = pdf_link(text, present)
+        if new != text:
+            page.write_text(new, encoding="utf-8")
+    return present
+
+
+def _pdf_link_on_build(app, exception) -> None:
+    if exception is None and app.builder.name == "html":
+        sync_pdf_link(Path(app.outdir), app.config.root_doc)
+
+
 def setup(app):
     app.connect("config-inited", _config_inited)
     app.connect("builder-inited", _singlehtml_visitors)
@@ -241,4 +276,5 @@ def setup(app):
     app.add_css_file("klbook-print.css", media="print")
     app.connect("html-page-context", _download_menu, priority=502)
     app.connect("build-finished", _publish_downloads)
+    app.connect("build-finished", _pdf_link_on_build)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

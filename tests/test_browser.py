@@ -656,3 +656,267 @@ def test_plotting_code_opens_with_a_show_code_toggle(browser, server, rel):
     finally:
         page.close()
     assert not errors, errors
+
+
+# ------------------------------------------------------------ reading on a phone (issue 24)
+
+def test_no_image_alt_is_a_path():
+    """Every <img> of the site says what it shows: no empty alt, no file path as alt
+    (_ext/klbook_reader.py sets a figure's alt from its caption)."""
+    spec = importlib.util.spec_from_file_location("klbook_reader_for_browser", ROOT / "_ext" / "klbook_reader.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    alt_is_missing = module.alt_is_missing
+    bad = []
+    for p in _pages():
+        for img in _article(_rel(p)).find_all("img"):
+            if alt_is_missing(img.get("alt"), img.get("src")):
+                bad.append(f"{_rel(p)}: <img src={img.get('src')!r} alt={img.get('alt')!r}>")
+    assert not bad, f"{len(bad)} images without real alt text:\n" + "\n".join(bad[:30])
+
+
+INLINE_MATH_JS = """
+() => {
+  const col = document.querySelector('article.bd-article');
+  const colRight = Math.min(col.getBoundingClientRect().right, document.documentElement.clientWidth);
+  const out = {n: 0, clipped: [], scrolling: 0, eqnos: []};
+  for (const c of col.querySelectorAll('mjx-container[jax="CHTML"]:not([display="true"])')) {
+    if (!c.checkVisibility()) continue;
+    out.n += 1;
+    const r = c.getBoundingClientRect();
+    const ox = getComputedStyle(c).overflowX;
+    const scrolls = (ox === 'auto' || ox === 'scroll') && c.scrollWidth > c.clientWidth + 1;
+    if (scrolls) out.scrolling += 1;
+    const cueOk = !scrolls || c.classList.contains('klbook-more-right') || c.classList.contains('klbook-more-left');
+    if (r.right > colRight + 1 || !cueOk)
+      out.clipped.push(c.textContent.slice(0, 50) + ` (${Math.round(r.right - colRight)} px past the column)`);
+  }
+  for (const d of col.querySelectorAll('div.math:has(> span.eqno)')) {
+    const c = d.querySelector(':scope > mjx-container'); const n = d.querySelector(':scope > span.eqno');
+    if (!c || !n.checkVisibility()) continue;
+    out.eqnos.push({id: d.id, below: n.getBoundingClientRect().top >= c.getBoundingClientRect().bottom - 3,
+                    width: Math.round(c.getBoundingClientRect().width), col: Math.round(d.getBoundingClientRect().width)});
+  }
+  return out;
+}
+"""
+
+INLINE_PAGES = _pages_with('<span class="math') if HTML.exists() else []
+
+
+@pytest.mark.parametrize("rel", INLINE_PAGES)
+def test_inline_formulas_fit_or_scroll_visibly_on_a_phone(browser, server, rel):
+    """At 390 px no inline formula runs past the column: one wider than the line scrolls
+    in its own box with a fade (MathJax 3 does not break inline math), and a numbered
+    equation has its number below it, so the equation gets the whole column."""
+    page, errors = _open(browser, urljoin(server, rel), PHONE)
+    try:
+        page.wait_for_timeout(200)
+        info = page.evaluate(INLINE_MATH_JS)
+    finally:
+        page.close()
+    problems = [f"inline formula clipped: {c}" for c in info["clipped"]]
+    problems += [f"equation {e['id']}: its number is beside it, not below" for e in info["eqnos"] if not e["below"]]
+    problems += [f"equation {e['id']}: {e['width']} px of a {e['col']} px column" for e in info["eqnos"]
+                 if e["width"] < e["col"] - 2]
+    if problems:
+        pytest.fail(f"{rel} at 390 px ({info['n']} inline formulas, {info['scrolling']} scroll):\n"
+                    + "\n".join(problems[:20]), pytrace=False)
+    assert not errors, errors
+
+
+CODE_FRACTION_JS = """
+() => {
+  const art = document.querySelector('article.bd-article');
+  let code = 0;
+  for (const el of art.querySelectorAll('.cell .cell_input'))
+    if (el.checkVisibility()) code += el.getBoundingClientRect().height;
+  const h = art.getBoundingClientRect().height;
+  return {code: Math.round(code), height: Math.round(h), fraction: h ? code / h : 0};
+}
+"""
+CODE_FRACTION_TARGET = 0.25
+CODE_FRACTIONS: dict[str, float] = {}
+
+
+@pytest.mark.parametrize("rel", _chapter_pages())
+def test_visible_code_fraction_at_1366px(browser, server, rel, record_property):
+    """Visible code (code cell sources not behind a toggle) as a fraction of the chapter's
+    height at 1366 px, printed for every chapter. The 25 % target of issue 24 is asserted
+    only with KLBOOK_ASSERT_CODE_FRACTION=1, until the chapters' checks are folded
+    (tools/fold_checks.py)."""
+    page, errors = _open(browser, urljoin(server, rel), LAPTOP)
+    try:
+        info = page.evaluate(CODE_FRACTION_JS)
+    finally:
+        page.close()
+    CODE_FRACTIONS[rel] = info["fraction"]
+    record_property("visible_code_fraction", round(info["fraction"], 3))
+    print(f"\n{rel}: visible code {info['code']} of {info['height']} px = {100 * info['fraction']:.1f} %")
+    assert info["height"] > 0
+    if os.environ.get("KLBOOK_ASSERT_CODE_FRACTION") == "1":
+        assert info["fraction"] <= CODE_FRACTION_TARGET, \
+            f"{rel}: visible code is {100 * info['fraction']:.1f} % of the page (target {100 * CODE_FRACTION_TARGET:.0f} %)"
+
+
+def _first_chapter_with(selector: str) -> str | None:
+    for rel in _chapter_pages():
+        if _article(rel).select_one(selector) is not None:
+            return rel
+    return None
+
+
+@pytest.mark.parametrize("viewport", [PHONE, LAPTOP], ids=["390px", "1366px"])
+def test_a_figure_enlarges_on_tap_and_closes(browser, server, viewport):
+    rel = _first_chapter_with("figure img")
+    if rel is None:
+        pytest.skip("no chapter figure in this build (built without executing the notebooks)")
+    page, errors = _open(browser, urljoin(server, rel), viewport)
+    try:
+        img = page.locator("figure img.klbook-zoomable").first
+        img.scroll_into_view_if_needed()
+        shown = img.bounding_box()["width"]
+        img.click()
+        page.wait_for_timeout(300)
+        box = page.locator(".klbook-lightbox")
+        assert box.is_visible(), "tapping a figure did not open the enlarged view"
+        big = box.locator("img").bounding_box()["width"]
+        if viewport == PHONE:
+            assert big >= 1.5 * shown, f"the enlarged figure is {big:.0f} px wide, the page's {shown:.0f} px"
+        assert page.locator(".klbook-lightbox-close").is_visible()
+        page.keyboard.press("Escape")
+        page.wait_for_timeout(200)
+        assert page.locator(".klbook-lightbox").count() == 0, "Escape did not close the enlarged view"
+        img.click()
+        page.wait_for_timeout(200)
+        page.locator(".klbook-lightbox-close").click()
+        page.wait_for_timeout(200)
+        assert page.locator(".klbook-lightbox").count() == 0, "the close button did not close it"
+    finally:
+        page.close()
+    assert not errors, errors
+
+
+def test_search_ranks_a_chapter_above_the_exercises(browser, server):
+    """Searching "k3" finds chapter 4's text before an exercise notebook (_static/klbook-scorer.js)."""
+    page, errors = _open(browser, urljoin(server, "search.html?q=k3"), LAPTOP)
+    try:
+        page.wait_for_selector("#search-results ul.search li a", timeout=15000)
+        page.wait_for_timeout(500)
+        hrefs = page.eval_on_selector_all("#search-results ul.search li > a", "els => els.map(e => e.getAttribute('href'))")
+    finally:
+        page.close()
+    assert hrefs, "no search results for k3"
+    assert hrefs[0].startswith("chapters/"), f"first results: {hrefs[:5]}"
+    chapters = [i for i, h in enumerate(hrefs) if h.startswith("chapters/")]
+    exercises = [i for i, h in enumerate(hrefs) if h.startswith("exercises/")]
+    if chapters and exercises:
+        assert max(chapters) < min(exercises), f"an exercise ranks above a chapter: {hrefs[:12]}"
+
+
+def test_the_exercise_link_in_a_solution_title_opens_the_solution(browser, server):
+    rel = _first_chapter_with("div.solution.dropdown > .admonition-title a[href]")
+    if rel is None:
+        pytest.skip("no solution with an exercise link in its title")
+    page, errors = _open(browser, urljoin(server, rel), PHONE)
+    try:
+        sol = page.locator("div.solution.dropdown").filter(has=page.locator(".admonition-title a[href]")).first
+        sol.scroll_into_view_if_needed()
+        body = sol.locator("section, p:not(.admonition-title)").first
+        assert not body.is_visible()
+        url = page.url
+        sol.locator(".admonition-title a[href]").first.click()
+        page.wait_for_timeout(400)
+        assert page.url == url, f"the link jumped away to {page.url}"
+        assert body.is_visible(), "tapping 'Exercise N.M' in the title did not open the solution"
+    finally:
+        page.close()
+    assert not errors, errors
+
+
+def test_the_phone_in_page_contents_closes_after_a_tap(browser, server):
+    chapters = _chapter_pages()
+    if not chapters:
+        pytest.skip("no chapter pages")
+    page, errors = _open(browser, urljoin(server, chapters[0]), PHONE)
+    try:
+        page.locator(".secondary-toggle").filter(visible=True).first.click()
+        page.wait_for_timeout(400)
+        assert _nav(page)["pageTocLink"]
+        links = page.locator("#pst-secondary-sidebar-modal nav a[href^='#']")
+        target = links.nth(min(2, links.count() - 1))
+        href = target.get_attribute("href")
+        target.click()
+        page.wait_for_timeout(600)
+        assert not _nav(page)["pageTocLink"], "the in-page contents stayed open after a tap on an entry"
+        assert page.url.endswith(href), f"{page.url} is not at {href}"
+        top = page.evaluate(f"() => document.getElementById(decodeURIComponent({href[1:]!r})).getBoundingClientRect().top")
+        assert -5 <= top <= PHONE[1] / 2, f"the section tapped is at {top} px, not on screen"
+    finally:
+        page.close()
+    assert not errors, errors
+
+
+GLUE_AND_TABLE_JS = """
+() => {
+  const art = document.querySelector('article.bd-article');
+  const pasted = [...art.querySelectorAll('span.pasted-text')].map(s => getComputedStyle(s).fontWeight);
+  // an output table as kb.display.table writes it, inside a notebook output
+  const holder = document.createElement('div');
+  holder.className = 'cell_output docutils container';
+  holder.innerHTML = '<div class="output text_html"><table class="klbook-table"><thead><tr><th>a</th><th>b</th></tr></thead>'
+    + '<tbody><tr><td>one</td><td>1.0</td></tr><tr><td>two</td><td>2.0</td></tr></tbody></table></div>';
+  art.appendChild(holder);
+  const lum = (rgb) => {
+    const v = rgb.match(/[\\d.]+/g).slice(0, 3).map(Number).map(x => x / 255)
+      .map(x => x <= 0.03928 ? x / 12.92 : Math.pow((x + 0.055) / 1.055, 2.4));
+    return 0.2126 * v[0] + 0.7152 * v[1] + 0.0722 * v[2];
+  };
+  const bg = (el) => {
+    for (let n = el; n; n = n.parentElement) {
+      const c = getComputedStyle(n).backgroundColor;
+      if (c && !/rgba\\(.*, 0\\)$/.test(c) && c !== 'transparent') return c;
+    }
+    return 'rgb(255, 255, 255)';
+  };
+  const contrast = [...holder.querySelectorAll('tbody td')].map(td => {
+    const a = lum(getComputedStyle(td).color), b = lum(bg(td));
+    return (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05);
+  });
+  holder.remove();
+  return {pasted, contrast};
+}
+"""
+
+
+@pytest.mark.parametrize("mode", ["light", "dark"])
+def test_glued_numbers_are_plain_and_tables_readable(browser, server, mode):
+    """Glued numbers are ordinary weight (myst-nb makes them bold); an output table's rows
+    keep a contrast of at least 4.5 in light and dark mode."""
+    chapters = _chapter_pages()
+    rel = chapters[0] if chapters else "notation.html"
+    page, errors = _open(browser, urljoin(server, rel), LAPTOP)
+    try:
+        page.evaluate(f"() => {{ document.documentElement.dataset.theme = '{mode}'; "
+                      f"document.documentElement.dataset.mode = '{mode}'; }}")
+        page.wait_for_timeout(100)
+        info = page.evaluate(GLUE_AND_TABLE_JS)
+    finally:
+        page.close()
+    bold = [w for w in info["pasted"] if int(w) >= 600]
+    assert not bold, f"{len(bold)} of {len(info['pasted'])} glued values are bold"
+    assert min(info["contrast"]) >= 4.5, f"{mode} mode: table row contrast {info['contrast']}"
+
+
+def test_wide_prose_tables_become_cards_on_a_phone(browser, server):
+    page, errors = _open(browser, urljoin(server, "notation.html"), PHONE)
+    try:
+        info = page.evaluate("""() => [...document.querySelectorAll('article table.klbook-stack')].map(t => ({
+            right: t.getBoundingClientRect().right, width: innerWidth,
+            labels: [...t.querySelectorAll('td[data-label]')].length}))""")
+    finally:
+        page.close()
+    assert info, "the notation page's four-column table is not stacked on a phone"
+    for t in info:
+        assert t["right"] <= t["width"] + 1 and t["labels"] > 0, t
+    assert not errors, errors

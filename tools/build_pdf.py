@@ -339,6 +339,16 @@ def print_pdf(site: Path, book: dict, out: Path) -> dict:
     return stats
 
 
+def _publish_module(root: Path):
+    """``_ext/klbook_publish.py`` (the landing page's PDF link lives there)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("klbook_publish_for_pdf", root / "_ext" / "klbook_publish.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--root", default=str(ROOT), help="the book's folder (default: this repository)")
@@ -371,6 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     html = root / "_build" / "html"
     if html.is_dir():
         shutil.copy2(out, html / "book.pdf")
+        _publish_module(root).sync_pdf_link(html)  # the landing page links it again
     print(f"{out}: {stats['pdf_pages']} pages, {stats['pdf_images']} images, "
           f"{stats['equations']} display equations ({stats['scaled_equations']} scaled to fit, "
           f"smallest {stats['min_scale']:.2f}), {stats['pdf_bookmarks']} bookmarks; "

@@ -1,0 +1,219 @@
+"""Reading the book on a phone, and reading less code (issue 24).
+
+Loaded by ``klbook_offline`` (the local extension named in ``_config.yml``). The browser
+side is ``_static/klbook.js`` and ``_static/klbook.css``; this module does what has to
+happen while the pages are built.
+
+* **Figures have real alt text.** Sphinx writes an image's file path as its ``alt`` when
+  the image has none, which is what every notebook figure (a glued or plain matplotlib
+  output) gets. A post-transform gives each image inside a figure the figure's caption
+  as its alt text, and an image outside a figure (a plot shown by a code cell) a
+  sentence naming the section it is in. An alt an author wrote is kept, unless it is a
+  file path.
+* **Verification code behind a fold.** A code cell tagged ``klbook-check`` (see
+  ``tools/fold_checks.py``, which tags the cells that are mostly ``assert`` and
+  ``glue(`` bookkeeping) is shown with its source collapsed behind a "Show the check"
+  toggle, like myst-nb's ``hide-input`` but with its own words and class
+  (``klbook-check``), so that the "show code" toggles of plotting cells stay as they are.
+* **Search ranks the chapters first.** ``_static/klbook-scorer.js`` is Sphinx's
+  ``html_search_scorer``: a hit in a chapter ranks above the same hit in an exercise
+  notebook.
+* **The repository where the text asks for it.** The role ``{klbook-repo}`text``` links
+  ``text`` to the repository named at build time (``make book REPO_URL=...``, see
+  ``klbook_publish``); without one it is plain text followed by where the sources come
+  from instead.
+"""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+CHECK_TAG = "klbook-check"
+CHECK_SHOW, CHECK_HIDE = "Show the check", "Hide the check"
+ALT_MAX = 300
+_IMAGE_SUFFIX = re.compile(r"\.(png|jpe?g|gif|svg|webp|pdf)$", re.IGNORECASE)
+
+
+# ----------------------------------------------------------------------- alt text
+def alt_is_missing(alt: str | None, uri: str | None = None) -> bool:
+    """True when ``alt`` says nothing a reader can use: empty, the image's URI, or a path."""
+    text = (alt or "").strip()
+    if not text:
+        return True
+    if uri and text == str(uri).strip():
+        return True
+    if not re.search(r"\s", text) and ("/" in text or "\\" in text or _IMAGE_SUFFIX.search(text)):
+        return True
+    return bool(_IMAGE_SUFFIX.search(text) and ("/" in text or "\\" in text))
+
+
+def plain_text(tex_text: str) -> str:
+    """Caption text for an alt attribute: TeX markup removed, spaces collapsed.
+
+    ``$D_{\\mathrm{KL}}(p\\|q)$ against $\\beta$`` -> ``D_KL(p||q) against beta``.
+    """
+    text = tex_text.replace("$", "")
+    text = re.sub(r"\\(?:mathrm|text|mathbf|operatorname|mathcal|mathbb|boldsymbol)\{([^{}]*)\}", r"\1", text)
+    text = re.sub(r"\\(?:left|right|big|Big|bigg|Bigg)\b", "", text)
+    text = text.replace("\\|", "||").replace("\\,", " ").replace("\\;", " ").replace("\\!", "")
+    text = re.sub(r"\\([A-Za-z]+)", r"\1", text)
+    text = re.sub(r"_\{([^{}]*)\}", r"_\1", text)
+    text = re.sub(r"\^\{([^{}]*)\}", r"^\1", text)
+    text = text.replace("{", "").replace("}", "")
+    return re.sub(r"\s+", " ", text).strip()
+
+
+def shorten(text: str, limit: int = ALT_MAX) -> str:
+    """``text`` cut at a word boundary to at most ``limit`` characters (an ellipsis marks a cut)."""
+    if limit < 10:
+        raise ValueError(f"limit: expected at least 10 characters, got {limit}")
+    if len(text) <= limit:
+        return text
+    cut = text[: limit - 1].rsplit(" ", 1)[0].rstrip(",;:")
+    return cut + "\u2026"
+
+
+def _figure_alt(figure) -> str:
+    from docutils import nodes
+
+    for child in figure.children:
+        if isinstance(child, nodes.caption):
+            return shorten(plain_text(child.astext()))
+    return ""
+
+
+def _section_title(node) -> str:
+    from docutils import nodes
+
+    parent = node.parent
+    while parent is not None:
+        if isinstance(parent, nodes.section):
+            for child in parent.children:
+                if isinstance(child, nodes.title):
+                    return plain_text(child.astext())
+        parent = parent.parent
+    return ""
+
+
+def set_alt_texts(document, page_title: str = "") -> int:
+    """Give every image of ``document`` a non-path alt text; return how many were set.
+
+    Inside a figure: the figure's caption (TeX removed, at most ``ALT_MAX`` characters).
+    Elsewhere (a plot a code cell shows): "A plot computed on this page, in the section
+    '<section title>'." An alt text that is not a path is left alone.
+    """
+    from docutils import nodes
+
+    count = 0
+    for image in list(document.findall(nodes.image)):
+        if not alt_is_missing(image.get("alt"), image.get("uri")):
+            continue
+        alt = ""
+        figure = image.parent
+        while figure is not None and not isinstance(figure, nodes.figure):
+            figure = figure.parent
+        if figure is not None:
+            alt = _figure_alt(figure)
+        if not alt:
+            where = _section_title(image) or page_title
+            alt = (f"A plot computed on this page, in the section \u2018{shorten(where, 120)}\u2019."
+                   if where else "A plot computed on this page by the code cell above it.")
+        image["alt"] = alt
+        count += 1
+    return count
+
+
+# ----------------------------------------------------------------------- check folds
+def fold_check_cells(document) -> int:
+    """Collapse the source of every code cell tagged ``klbook-check``; return how many.
+
+    Runs before myst-nb's ``HideInputCells`` (priority 199), which wraps the source in a
+    ``<details>`` with the prompts set here. A cell also tagged ``hide-output`` keeps its
+    output hidden too.
+    """
+    from docutils import nodes
+
+    count = 0
+    for node in document.findall(nodes.container):
+        if node.get("nb_element") != "cell_code":
+            continue
+        classes = node.get("classes", [])
+        if f"tag_{CHECK_TAG}" not in classes:
+            continue
+        mode = node.get("hide_mode")
+        if mode in ("all", "input", "input+output"):
+            pass
+        elif mode == "output":
+            node["hide_mode"] = "input+output"
+        else:
+            node["hide_mode"] = "input"
+        node["prompt_show"] = CHECK_SHOW
+        node["prompt_hide"] = CHECK_HIDE
+        if "klbook-check" not in classes:
+            classes.append("klbook-check")
+        count += 1
+    return count
+
+
+def _make_post_transforms():
+    from sphinx.transforms.post_transforms import SphinxPostTransform
+
+    class FoldChecks(SphinxPostTransform):
+        default_priority = 190  # before myst-nb's HideInputCells (199)
+        formats = ("html",)
+
+        def run(self, **kwargs):
+            fold_check_cells(self.document)
+
+    class FigureAltText(SphinxPostTransform):
+        default_priority = 900  # after every paste of a glued figure
+
+        def run(self, **kwargs):
+            title = ""
+            env = getattr(self, "env", None)
+            docname = self.document.get("docname") or (env.docname if env else "")
+            if env is not None and docname in getattr(env, "titles", {}):
+                title = plain_text(env.titles[docname].astext())
+            set_alt_texts(self.document, title)
+
+    return FoldChecks, FigureAltText
+
+
+# ----------------------------------------------------------------------- repository link
+def _repo_role(name, rawtext, text, lineno, inliner, options=None, content=None):
+    from docutils import nodes
+
+    url = (os.environ.get("KLBOOK_REPO_URL") or "").strip()
+    if url:
+        from klbook_publish import normalise_repo_url
+
+        try:
+            url = normalise_repo_url(url)
+        except ValueError as exc:
+            msg = inliner.reporter.error(str(exc), line=lineno)
+            return [inliner.problematic(rawtext, rawtext, msg)], [msg]
+        return [nodes.reference(rawtext, text, refuri=url, classes=["klbook-repo-link"])], []
+    node = nodes.inline(rawtext, "", classes=["klbook-repo-text"])
+    node += nodes.Text(text)
+    node += nodes.Text(" (this copy of the site was built without naming it: ask whoever published "
+                       "the site for its address; the notebooks and the library can be downloaded "
+                       "from this site, see \u2018Running the notebooks yourself\u2019)")
+    return [node], []
+
+
+# ---------------------------------------------------------------------------- set-up
+def _config_inited(app, config) -> None:
+    if not config.html_search_scorer:
+        config.html_search_scorer = str(HERE.parent / "_static" / "klbook-scorer.js")
+
+
+def setup(app):
+    fold, alt = _make_post_transforms()
+    app.add_post_transform(fold)
+    app.add_post_transform(alt)
+    app.add_role("klbook-repo", _repo_role)
+    app.connect("config-inited", _config_inited)
+    return {"parallel_read_safe": True, "parallel_write_safe": True}
