@@ -219,3 +219,24 @@ def test_no_page_links_a_repository_binder_or_colab():
             if host in ("mybinder.org", "colab.research.google.com") or "btn-source-repository-button" in a.get("class", []):
                 offenders.append(f"{page.relative_to(HTML)}: {a['href']}")
     assert not offenders, "\n".join(offenders[:20])
+
+
+# ------------------------------------------------------------------- the PDF's link
+def test_landing_page_links_the_pdf_only_when_it_exists(tmp_path):
+    """After `make book` alone there is no book.pdf: the landing page says how to make it
+    instead of linking a 404; tools/build_pdf.py links it again once it copies the PDF in."""
+    page = tmp_path / "intro.html"
+    page.write_text(f"<p>one PDF: {kp.PDF_LINK}.</p>")
+    assert kp.sync_pdf_link(tmp_path) is False
+    text = page.read_text()
+    assert 'href="book.pdf"' not in text and "make" in text and "klbook-book-pdf-missing" in text
+    assert kp.sync_pdf_link(tmp_path) is False and page.read_text() == text, "idempotent"
+    (tmp_path / "book.pdf").write_bytes(b"%PDF-1.4")
+    assert kp.sync_pdf_link(tmp_path) is True
+    assert page.read_text() == f"<p>one PDF: {kp.PDF_LINK}.</p>"
+
+
+def test_the_intro_uses_the_link_the_build_rewrites():
+    intro = (ROOT / "intro.md").read_text()
+    assert kp.PDF_LINK in intro, "intro.md must write the PDF link exactly as kp.PDF_LINK"
+    assert "{klbook-repo}" in intro and "(get-the-sources)=" in intro
