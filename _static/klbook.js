@@ -262,7 +262,12 @@
 
   function solutionTitleLinks(article) {
     article.querySelectorAll("div.solution.dropdown > .admonition-title a[href]").forEach((a) => {
-      a.addEventListener("click", (e) => e.preventDefault());  // the title's toggle still opens it
+      a.addEventListener("click", (e) => {
+        e.preventDefault();
+        e.stopPropagation();
+        const button = a.closest("div.solution").querySelector("button.toggle-button");
+        if (button) button.click();
+      });
       a.setAttribute("title", "Opens the solution; the exercise is above it");
     });
   }

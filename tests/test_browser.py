@@ -683,6 +683,12 @@ INLINE_MATH_JS = """
   for (const c of col.querySelectorAll('mjx-container[jax="CHTML"]:not([display="true"])')) {
     if (!c.checkVisibility()) continue;
     out.n += 1;
+    let inBox = false;  // inside a table (or other box) that scrolls with its own cue
+    for (let n = c.parentElement; n && n !== col; n = n.parentElement) {
+      const o = getComputedStyle(n).overflowX;
+      if ((o === 'auto' || o === 'scroll') && n.classList.contains('klbook-scrollbox')) { inBox = true; break; }
+    }
+    if (inBox) continue;
     const r = c.getBoundingClientRect();
     const ox = getComputedStyle(c).overflowX;
     const scrolls = (ox === 'auto' || ox === 'scroll') && c.scrollWidth > c.clientWidth + 1;
