@@ -1006,7 +1006,6 @@ def train_seeds(config: PPOConfig | None = None, seeds: Sequence[int] = range(10
         clip = cfg.clip_coef * frac if cfg.anneal_clip else cfg.clip_coef
 
         # ---- 1. rollout: each seed's Exp(1) draws for the Gumbel-max trick, then the steps -------
-        rollout_version = list(ens.version)
         with torch.no_grad():
             log_e = torch.stack([torch.empty(T, N, env.n_actions, device=device).exponential_(generator=sample_gens[i])
                                  for i in live], 1).log()                       # (T, K, N, A)

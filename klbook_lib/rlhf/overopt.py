@@ -36,13 +36,11 @@ Proxy reward models and sample pools (cached next to the pipeline)
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
