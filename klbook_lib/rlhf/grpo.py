@@ -463,7 +463,7 @@ def forward_kl(pipeline, policy, n: int = 256, seed: int = 4321, max_new_tokens:
     per_seq = R.sequence_sum(R.exact_token_kl(response_logits(pipeline.ref_model, ro),
                                               response_logits(policy, ro), ro.response_mask),
                              ro.response_mask).double()
-    return float(per_seq.mean()), float(per_seq.std() / math.sqrt(n))
+    return float(per_seq.mean()), R.standard_error(per_seq)
 
 
 @torch.no_grad()
@@ -485,7 +485,7 @@ def evaluate_grpo_policy(pipeline, policy, n: int = 256, seed: int = 1234, max_n
     r = reward_fn(ro.prompts, ro.responses, ro.has_eos).double()
     stats = dict(stats)
     stats["reward"] = float(r.mean())
-    stats["reward_se"] = float(r.std() / math.sqrt(len(r))) if len(r) > 1 else 0.0
+    stats["reward_se"] = R.standard_error(r)
     stats["kl_forward_seq"], stats["kl_forward_seq_se"] = forward_kl(
         pipeline, policy, n=max(n, 2), seed=seed + 1, max_new_tokens=max_new_tokens, prompts=prompts)
     return stats, ro
