@@ -40,7 +40,10 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
+# the notebooks run first, $(JOBS) at a time, into the jupyter-cache (tools/execute_book.py:
+# only those whose code the cache lacks); the build then executes nothing itself
 book: setup
+	-$(OFFLINE) $(PY) tools/execute_book.py --jobs $(JOBS)
 	$(OFFLINE) $(JB) build . $(JBFLAGS)
 	@echo
 	@echo "The book is built. Open $(CURDIR)/_build/html/index.html in a browser."
@@ -70,7 +73,10 @@ test-lib: setup
 test-notebooks: setup
 	$(OFFLINE) $(PY) -m pytest -q -n $(JOBS) --dist loadfile --nbval-lax --nbval-cell-timeout=900 -p no:cacheprovider $(NOTEBOOKS)
 
-test-book: setup
+test-# the notebooks run first, $(JOBS) at a time, into the jupyter-cache (tools/execute_book.py:
+# only those whose code the cache lacks); the build then executes nothing itself
+book: setup
+	-$(OFFLINE) $(PY) tools/execute_book.py --jobs $(JOBS)
 	$(OFFLINE) $(JB) build . $(JBFLAGS)
 
 test-browser: setup

@@ -67,6 +67,16 @@ def test_every_glossary_term_has_its_chinese_equivalent():
         assert re.search(r"[\u4e00-\u9fff]", definition), f"glossary term {term!r} has no Chinese equivalent"
 
 
+
+def test_the_glossary_is_alphabetical_and_has_the_books_acronyms():
+    text = (ROOT / "glossary.md").read_text()
+    body = text.split("```{glossary}", 1)[1].split("```", 1)[0]
+    # Sphinx sorts the rendered list (its order of appearance was the reader's complaint)
+    assert body.lstrip().startswith(":sorted:")
+    terms = {t for t, _ in re.findall(r"^(\S[^\n]*)\n((?:[ \t]+[^\n]*\n?)+)", body, re.M)}
+    for needed in ("k1 estimator", "k2 estimator", "k3 estimator", "PPO", "TRPO", "GRPO", "DPO", "RLHF"):
+        assert needed in terms, f"the glossary lacks {needed!r}"
+
 # ---------------------------------------------------------------- KL's double bar
 
 def test_the_single_bar_check_catches_what_myst_makes_of_a_table():
