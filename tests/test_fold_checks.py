@@ -120,3 +120,65 @@ def test_shorten():
     assert len(short) <= 50 and short.endswith("\u2026")
     with pytest.raises(ValueError, match="limit"):
         reader.shorten("x", 3)
+
+
+def test_split_source_cuts_only_a_trailing_check_and_keeps_the_display():
+    src = "x = f()\ny = g(x)\n# the claim\nassert y > 0\nglue('y', y, display=False)\n"
+    assert fold.split_source(src) == ("x = f()\ny = g(x)", "# the claim\nassert y > 0\nglue('y', y, display=False)")
+    # a bare expression before the check would start showing its value: not split
+    assert fold.split_source("x = f()\nx\nassert x\n") is None
+    assert fold.split_source("x = f()\nprint(x)\nassert x\n") == ("x = f()\nprint(x)", "assert x")
+    assert fold.split_source("assert a\nglue('b', 1)\n") is None  # nothing would be left
+    assert fold.split_source("x = 1\ny = 2\n") is None  # nothing to cut off
+    assert fold.split_source("%time x = 1\nassert x\n") is None  # magics do not parse
+    # an assert in the middle stays where it is (moving it could change what it checks)
+    assert fold.split_source("x = [1]\nassert x\nx += [2]\nassert len(x) == 2\n") == (
+        "x = [1]\nassert x\nx += [2]", "assert len(x) == 2")
+    # a call's value might be shown (a method returning something): not split
+    assert fold.split_source("x = [1]\nx.append(2)\nassert x\n") is None
+    with pytest.raises(ValueError, match="source"):
+        fold.split_source(None)
+
+
+def test_split_notebook_runs_the_same_statements_in_the_same_order():
+    src = "x = 1\nfor i in range(3):\n    x += i\nassert x == 4\nglue('x', x, display=False)\n"
+    nb = _nb(src, "assert a\n", "y = 2\nassert y\n", tags=None)
+    nb["cells"][2]["metadata"]["tags"] = ["hide-input"]  # left alone
+    made = fold.split_notebook(nb)
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    assert made == [1]
+    assert code[0]["source"] + "\n" + code[1]["source"] == src.rstrip("\n")
+    assert code[1]["metadata"]["tags"] == ["klbook-check"]
+    ns: dict = {"glue": lambda *a, **k: None}
+    exec("\n".join(c["source"] for c in code[:2]), ns)  # the two parts run as the cell did
+    assert ns["x"] == 4
+    assert code[3]["source"] == "y = 2\nassert y\n", "a hide-input cell is not split"
+
+
+def test_fold_to_budget_folds_the_longest_cells_first_and_spares_klbook_show():
+    long_src = "\n".join(f"x{i} = {i}" for i in range(40))
+    nb = {"cells": [{"cell_type": "markdown", "source": "words " * 600, "metadata": {}},
+                    {"cell_type": "code", "source": long_src, "metadata": {"tags": ["klbook-show"]}, "outputs": []},
+                    {"cell_type": "code", "source": long_src[:200], "metadata": {}, "outputs": []},
+                    {"cell_type": "code", "source": "y = 1", "metadata": {}, "outputs": []}]}
+    before = fold.predicted_code_fraction(nb)
+    folded = fold.fold_to_budget(nb, budget=0.3)
+    assert folded == [2], "the longest cell not marked klbook-show goes first"
+    assert nb["cells"][2]["metadata"]["tags"] == ["hide-input"]
+    assert fold.predicted_code_fraction(nb) < before
+    assert fold.fold_to_budget(nb, budget=0.99) == []
+    # a cell that is mostly checks folds before a longer one that is not, and as a check
+    import copy
+
+    mixed = {"cells": [{"cell_type": "markdown", "source": "words " * 600, "metadata": {}},
+                       {"cell_type": "code", "source": long_src, "metadata": {}, "outputs": []},
+                       {"cell_type": "code", "source": "z = 1\nassert z\nassert z > 0", "metadata": {},
+                        "outputs": []}]}
+    only_check = copy.deepcopy(mixed)
+    only_check["cells"][2]["metadata"]["tags"] = ["klbook-check"]
+    assert fold.fold_to_budget(mixed, budget=fold.predicted_code_fraction(only_check) + 1e-9) == [2]
+    assert mixed["cells"][2]["metadata"]["tags"] == ["klbook-check"]
+    assert fold.fold_to_budget(mixed, budget=0.01) == [1]
+    assert mixed["cells"][1]["metadata"]["tags"] == ["hide-input"]
+    with pytest.raises(ValueError, match="budget"):
+        fold.fold_to_budget(nb, budget=1.5)
