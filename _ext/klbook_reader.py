@@ -15,6 +15,15 @@ happen while the pages are built.
   ``glue(`` bookkeeping) is shown with its source collapsed behind a "Show the check"
   toggle, like myst-nb's ``hide-input`` but with its own words and class
   (``klbook-check``), so that the "show code" toggles of plotting cells stay as they are.
+* **Multi-panel figures for phones.** ``kb.display.glue_figure(name, fig)`` glues a
+  second rendering of a figure whose panels sit side by side, with the panels stacked,
+  under ``name + "--phone"``. The ``glue:figure`` directive (replaced here by a subclass
+  of myst-nb's) looks that key up: when the page has it, the figure's image becomes
+  ``<picture><source media="(max-width: 640px)" srcset="PHONE.png"><img src="WIDE.png"
+  alt="..."></picture>``, so a phone loads the stacked panels and everything wider (and
+  the PDF, printed at 860 px) the wide one. The phone PNG is never an ``<img>`` of its
+  own; a glued key is never shown unless a directive names it. Other builders (LaTeX)
+  keep only the wide image.
 * **Search ranks the chapters first.** ``_static/klbook-scorer.js`` is Sphinx's
   ``html_search_scorer``: a hit in a chapter ranks above the same hit in an exercise
   notebook.
@@ -182,6 +191,141 @@ def _make_post_transforms():
     return FoldChecks, FigureAltText
 
 
+# ----------------------------------------------------------------------- phone figures
+PHONE_SUFFIX = "--phone"          # klbook_lib.display.PHONE_SUFFIX
+PHONE_MEDIA = "(max-width: 640px)"
+PHONE_CLASS = "klbook-phone-rendering"
+
+from docutils import nodes as _nodes  # noqa: E402  (the node class must live at module level)
+
+
+class klbook_picture(_nodes.General, _nodes.Element):  # noqa: N801 (docutils names nodes in lower case)
+    """A figure's image with its phone rendering: children ``[wide image, phone image]``.
+
+    HTML: ``<picture class="klbook-picture"><source media=PHONE_MEDIA srcset=phone><img
+    wide></picture>``. Both images are ordinary ``image`` nodes, so Sphinx copies both
+    PNGs to ``_images``.
+    """
+
+
+def _images_of(node) -> tuple:
+    wide = phone = None
+    for child in node.children:
+        if isinstance(child, _nodes.image):
+            if PHONE_CLASS in child.get("classes", []):
+                phone = phone or child
+            else:
+                wide = wide or child
+    return wide, phone
+
+
+def _html_image_uri(translator, image) -> str:
+    """The URI Sphinx's HTML writer gives ``image`` (``sphinx.writers.html5.visit_image``)."""
+    import posixpath
+    import urllib.parse
+
+    uri = image["uri"]
+    if uri in translator.builder.images:
+        uri = posixpath.join(translator.builder.imgpath, urllib.parse.quote(translator.builder.images[uri]))
+    return uri
+
+
+def _visit_picture_html(self, node) -> None:
+    from html import escape
+
+    wide, phone = _images_of(node)
+    if wide is None:
+        raise _nodes.SkipNode
+    if phone is None:
+        wide.walkabout(self)
+        raise _nodes.SkipNode
+    self.body.append('<picture class="klbook-picture">')
+    self.body.append(f'<source media="{escape(PHONE_MEDIA)}" srcset="{escape(_html_image_uri(self, phone))}" '
+                     f'type="image/png" />')
+    wide.walkabout(self)
+    self.body.append("</picture>\n")
+    raise _nodes.SkipNode
+
+
+def _depart_picture(self, node) -> None:  # pragma: no cover - visits always skip
+    pass
+
+
+def add_phone_rendering(figure, phone_nodes) -> bool:
+    """Put the first image of ``phone_nodes`` beside the first image of ``figure``.
+
+    The figure's image is replaced by a :class:`klbook_picture` holding it and the phone
+    image (marked with ``PHONE_CLASS``). Returns whether it did.
+    """
+    wide = next(iter(figure.findall(_nodes.image)), None)
+    phone = next((n for root in phone_nodes for n in root.findall(_nodes.image)), None)
+    if wide is None or phone is None or isinstance(wide.parent, klbook_picture):
+        return False
+    phone["classes"] = [c for c in phone.get("classes", []) if c != PHONE_CLASS] + [PHONE_CLASS]
+    for key in ("alt",):
+        if wide.get(key) and not phone.get(key):
+            phone[key] = wide[key]
+    picture = klbook_picture()
+    wide.replace_self(picture)
+    picture += wide
+    picture += phone
+    return True
+
+
+def _make_glue_figure_directive():
+    from myst_nb.core.variables import RetrievalError, render_variable_outputs
+    from myst_nb.ext.glue.directives import PasteFigureDirective
+    from myst_nb.ext.glue.utils import retrieve_glue_data
+
+    class PasteFigureWithPhone(PasteFigureDirective):
+        """myst-nb's ``glue:figure``, which also shows ``KEY--phone`` below 640 px."""
+
+        def run(self):
+            result = super().run()
+            figure = next((n for n in result if isinstance(n, _nodes.figure)), None)
+            if figure is None:
+                return result
+            try:
+                data = retrieve_glue_data(self.document, self.arguments[0] + PHONE_SUFFIX)
+            except RetrievalError:
+                return result  # a figure glued with glue(): one rendering
+            phone_nodes = render_variable_outputs([data], self.document, self.line, self.source)
+            add_phone_rendering(figure, phone_nodes)
+            return result
+
+    return PasteFigureWithPhone
+
+
+def _make_unwrap_pictures():
+    from sphinx.transforms.post_transforms import SphinxPostTransform
+
+    class UnwrapPictures(SphinxPostTransform):
+        """Builders other than HTML (LaTeX, text) keep only the wide image."""
+
+        default_priority = 910
+
+        def run(self, **kwargs):
+            if getattr(self.app.builder, "format", "html") == "html":
+                return
+            for picture in list(self.document.findall(klbook_picture)):
+                wide, _ = _images_of(picture)
+                if wide is None:
+                    picture.parent.remove(picture)
+                else:
+                    picture.replace_self(wide.deepcopy())
+
+    return UnwrapPictures
+
+
+def _register_glue_figure(app, config=None) -> None:
+    if getattr(app, "_klbook_glue_figure", False):
+        return
+    if "glue" not in app.registry.domains:
+        return
+    app.add_directive_to_domain("glue", "figure", _make_glue_figure_directive(), override=True)
+    app._klbook_glue_figure = True
+
+
 # ----------------------------------------------------------------------- repository link
 def _repo_role(name, rawtext, text, lineno, inliner, options=None, content=None):
     from docutils import nodes
@@ -216,4 +360,8 @@ def setup(app):
     app.add_post_transform(alt)
     app.add_role("klbook-repo", _repo_role)
     app.connect("config-inited", _config_inited)
+    app.add_node(klbook_picture, html=(_visit_picture_html, _depart_picture))
+    app.add_post_transform(_make_unwrap_pictures())
+    _register_glue_figure(app)  # myst-nb (loaded before the local extensions) has its glue domain
+    app.connect("config-inited", _register_glue_figure)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

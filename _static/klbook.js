@@ -120,7 +120,8 @@
  * Tap to enlarge: every figure image (and every plot a code cell shows) opens in a
  *    full-screen view at its own pixel size, which scrolls; a tap on the image fits it
  *    to the screen and back; the close button, Escape or a tap beside the image close
- *    it. Works offline (no library).
+ *    it. Works offline (no library). A figure with a phone rendering (a <picture> whose
+ *    phone source shows the panels stacked below 640 px) opens its full rendering.
  * Prose tables of four or more columns become one card per row on a phone (the
  *    headings go into data-label, klbook.css shows them).
  * The phone's in-page contents closes after a tap on one of its entries.
@@ -172,11 +173,17 @@
     const stage = document.createElement("div");
     stage.className = "klbook-lightbox-stage";
     const big = document.createElement("img");
-    big.src = img.currentSrc || img.src;
+    // a figure with a phone rendering (<picture>, see _ext/klbook_reader.py) shows the
+    // stacked panels on a phone; enlarged, it shows the full rendering (img.src)
+    const full = img.closest("picture") ? img.src : img.currentSrc || img.src;
     big.alt = img.alt || "";
     // its own pixel size, but never smaller than the screen is wide
-    const natural = img.naturalWidth || img.width;
-    big.style.width = Math.max(natural, Math.min(window.innerWidth - 16, 2 * natural)) + "px";
+    const size = (natural) => {
+      big.style.width = Math.max(natural, Math.min(window.innerWidth - 16, 2 * natural)) + "px";
+    };
+    size(full === (img.currentSrc || img.src) ? img.naturalWidth || img.width : img.width);
+    big.addEventListener("load", () => size(big.naturalWidth), { once: true });
+    big.src = full;
     stage.appendChild(big);
     const text = captionOf(img);
     if (text) {
@@ -223,7 +230,7 @@
         hint.className = "klbook-zoom-hint";
         hint.setAttribute("aria-hidden", "true");
         hint.textContent = "tap the figure to enlarge";
-        img.insertAdjacentElement("afterend", hint);
+        (img.closest("picture") || img).insertAdjacentElement("afterend", hint);
       }
     });
   }

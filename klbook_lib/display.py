@@ -1,4 +1,5 @@
-"""Tables for reading: what the chapters show instead of a raw ``DataFrame``.
+"""Tables and figures for reading: what the chapters show instead of a raw ``DataFrame``,
+and figures glued with a rendering for phones.
 
 A raw pandas table in a page prints its index column, every float to six digits and
 ``-0.000`` for tiny negative numbers, and grows wider than the text column. :func:`table`
@@ -6,13 +7,18 @@ returns a pandas ``Styler`` that hides the index (unless it carries information)
 rounds to a chosen number of significant digits, writes a negative zero as ``0`` and
 lets long column names wrap. The numbers themselves are untouched: asserts keep working
 on the ``DataFrame``.
+
+:func:`glue_figure` glues a matplotlib figure as ``myst_nb.glue(name, fig, display=False)``
+does and, for a figure whose panels sit side by side, a second rendering with the panels
+stacked for a phone (see the figures section below).
 """
 from __future__ import annotations
 
 import math
 from typing import Any, Mapping
 
-__all__ = ["table", "format_number"]
+__all__ = ["table", "format_number", "glue_figure", "phone_key", "phone_layout", "tick_fontsize_pt",
+           "png_info"]
 
 
 def format_number(x: Any, digits: int = 3) -> str:
@@ -72,3 +78,357 @@ def table(df, digits: int | Mapping[str, int] = 3, index: bool = False, caption:
     if caption:
         styler = styler.set_caption(caption)
     return styler.set_table_attributes('class="klbook-table"')
+
+
+# --------------------------------------------------------------------------- figures
+# Figures that can be read on a phone (issue 24). A multi-panel figure drawn for the
+# 1366 px page shrinks to the phone's text column (about 342 CSS px at 390 px) and its
+# tick text to a few pixels. :func:`glue_figure` glues the figure as ``glue`` does and,
+# when the figure would be illegible there, a second rendering for phones under
+# ``phone_key(name)``: the same axes one above another, 4.8 in wide. The book's Sphinx
+# extension (``_ext/klbook_reader.py``) turns the figure of a ``glue:figure`` directive
+# that has both into a ``<picture>`` whose phone source is used below 640 px.
+
+PHONE_SUFFIX = "--phone"
+PHONE_WIDTH_IN = 4.8          # the phone rendering's width (inches)
+PHONE_PANEL_HEIGHT_IN = 3.2   # the height of each stacked panel (inches)
+PHONE_COLUMN_CSS_PX = 342     # the text column of the book at a 390 px viewport
+PHONE_TICK_CSS_PX = 7.5       # a single column whose ticks would be smaller there gets a phone rendering
+PNG_TEXT_KEY = "klbook"       # the PNG tEXt chunk that says how a rendering was drawn
+
+
+def phone_key(name: str) -> str:
+    """The glue key of the phone rendering of the figure glued as ``name``."""
+    return name + PHONE_SUFFIX
+
+
+def tick_fontsize_pt(fig) -> float | None:
+    """The smallest font size (pt) of the visible, non-empty tick labels of ``fig``.
+
+    ``None`` when no axes of ``fig`` shows a tick label (images with ``axis("off")``).
+    """
+    sizes = []
+    for ax in fig.axes:
+        if not ax.get_visible() or not ax.axison:
+            continue
+        for axis in (ax.xaxis, ax.yaxis):
+            if not axis.get_visible():
+                continue
+            for label in axis.get_majorticklabels():
+                if label.get_visible() and label.get_text().strip():
+                    sizes.append(float(label.get_fontsize()))
+    return min(sizes) if sizes else None
+
+
+def _panels(fig) -> tuple[list | None, str]:
+    """The visible axes of ``fig`` in reading order, or ``None`` and why they cannot move."""
+    if getattr(fig, "subfigs", None):
+        return None, "the figure has subfigures"
+    panels = [ax for ax in fig.axes if ax.get_visible()]
+    if not panels:
+        return None, "the figure has no axes"
+    for ax in panels:
+        if ax.get_label() == "<colorbar>" or hasattr(ax, "_colorbar"):
+            return None, "the figure has a colorbar"
+        if ax.get_axes_locator() is not None:
+            return None, "the figure has an inset axes"
+        if ax.get_subplotspec() is None:
+            return None, "an axes was placed by hand (add_axes): an inset or a custom layout"
+    boxes = [ax.get_position().bounds for ax in panels]
+    for i in range(len(panels)):
+        for j in range(i):
+            if all(abs(a - b) < 1e-3 for a, b in zip(boxes[i], boxes[j])):
+                return None, "two axes share one place (twinx/twiny)"
+    specs = [ax.get_subplotspec().get_topmost_subplotspec() for ax in panels]
+    if len({id(s.get_gridspec()) for s in specs}) == 1:
+        order = sorted(range(len(panels)), key=lambda i: (specs[i].rowspan.start, specs[i].colspan.start))
+    else:  # several grids: read by position, top row first
+        order = sorted(range(len(panels)), key=lambda i: (-round(boxes[i][1] + boxes[i][3], 2), boxes[i][0]))
+    return [panels[i] for i in order], ""
+
+
+def _side_by_side(panels) -> bool:
+    """True when two of ``panels`` share some height and sit next to each other."""
+    boxes = [ax.get_position() for ax in panels]
+    for i in range(len(boxes)):
+        for j in range(i):
+            a, b = boxes[i], boxes[j]
+            shared = min(a.y1, b.y1) - max(a.y0, b.y0)
+            if shared > 0.25 * min(a.height, b.height) and (a.x1 <= b.x0 + 1e-3 or b.x1 <= a.x0 + 1e-3):
+                return True
+    return False
+
+
+def _rendered_width_in(fig) -> float:
+    """The width (inches) of ``fig`` drawn with ``bbox_inches="tight"``, as a notebook shows it."""
+    import matplotlib as mpl
+
+    pad = mpl.rcParams["savefig.pad_inches"]
+    pad = 0.1 if pad == "layout" else float(pad)
+    return float(fig.get_tightbbox().width) + 2 * pad
+
+
+def _copy_figure(fig):
+    import pickle
+
+    return pickle.loads(pickle.dumps(fig))
+
+
+def _show_shared_labels(panels) -> None:
+    """Stacked in one column, every panel shows its own tick labels and axis labels.
+
+    ``plt.subplots(sharey=True)`` hides the inner panels' y tick labels and authors often
+    label only the first panel's shared axis; on top of each other each panel needs them.
+    """
+    for ax in panels:
+        for name, axis, siblings in (("x", ax.xaxis, ax.get_shared_x_axes().get_siblings(ax)),
+                                     ("y", ax.yaxis, ax.get_shared_y_axes().get_siblings(ax))):
+            if len(siblings) < 2:
+                continue
+            ax.tick_params(axis=name, **({"labelbottom": True} if name == "x" else {"labelleft": True}))
+            if not axis.label.get_text():
+                for other in siblings:
+                    text = (other.xaxis if name == "x" else other.yaxis).label.get_text()
+                    if other is not ax and text:
+                        axis.set_label_text(text)
+                        break
+
+
+def _legends_below(panels) -> bool:
+    """Move a legend placed beside its axes (``bbox_to_anchor=(1.02, 1)``) below it.
+
+    On a 4.8 in wide page a legend to the right of a panel takes a third of the width;
+    below the panel's x label it takes none. Its entries, font size and frame are kept.
+    Call after a draw; returns whether a legend moved.
+    """
+    moved = False
+    for ax in panels:
+        legend = ax.get_legend()
+        if legend is None or not legend.get_visible():
+            continue
+        box, frame = legend.get_window_extent(), ax.bbox
+        if not (box.x0 >= frame.x1 - 2 or box.x1 <= frame.x0 + 2):
+            continue  # inside (or above/below) the axes: where the author put it
+        pairs = [(h, t.get_text()) for h, t in zip(legend.legend_handles, legend.get_texts()) if h is not None]
+        if not pairs:
+            continue
+        texts = legend.get_texts()
+        size = texts[0].get_fontsize()
+        widest = max(t.get_window_extent().width for t in texts)
+        legend.set_visible(False)
+        below = ax.get_tightbbox()  # the axes with its tick labels and x label, without the legend
+        y = (below.y0 - frame.y0) / max(frame.height, 1.0) - 0.03
+        column = widest + 4 * size * ax.get_figure(root=True).dpi / 72  # text, handle and padding (px)
+        ncols = int(max(1, min(len(pairs), 3, 0.85 * ax.get_figure(root=True).bbox.width // column)))
+        title = legend.get_title().get_text()
+        ax.legend([h for h, _ in pairs], [t for _, t in pairs], loc="upper center", bbox_to_anchor=(0.5, y),
+                  ncols=ncols, fontsize=size, frameon=legend.get_frame_on(), title=title or None)
+        moved = True
+    return moved
+
+
+def phone_layout(fig):
+    """A copy of ``fig`` laid out for a phone, or ``None``; and a sentence saying which.
+
+    Returns ``(phone_fig, reason)``. ``fig`` itself is not changed.
+
+    * Panels side by side (``plt.subplots(1, 3)``, a 2 x 2 grid, a mosaic): every axes
+      moves to an N x 1 GridSpec in reading order (row by row), the figure becomes
+      ``PHONE_WIDTH_IN`` wide and ``PHONE_PANEL_HEIGHT_IN`` per panel, with tight layout.
+      Legends, titles and a suptitle come along (a legend placed beside its panel moves
+      below it); shared axes show their tick labels on every panel.
+    * One column (one axes, or panels already stacked) that is so wide that its tick
+      labels would be smaller than ``PHONE_TICK_CSS_PX`` CSS px in the phone's 342 px
+      column: the same layout, ``PHONE_WIDTH_IN`` wide. A narrower one needs no phone
+      rendering (``None``).
+    * No phone rendering (``None``, the reason says why) when the figure has a colorbar,
+      twin axes (``twinx``), an inset or an axes placed by hand (``add_axes``), subfigures,
+      or cannot be copied (pickled): moving those axes would break what they show. Such a
+      figure keeps its one rendering; design it to be legible at 342 px.
+    """
+    from matplotlib.figure import Figure
+
+    if not isinstance(fig, Figure):
+        raise ValueError(f"fig: expected a matplotlib Figure, got {type(fig).__name__}")
+    panels, reason = _panels(fig)
+    if panels is None:
+        return None, reason
+    width, height = (float(v) for v in fig.get_size_inches())
+    stacked = not _side_by_side(panels)
+    if stacked:
+        shown = _rendered_width_in(fig)
+        tick = tick_fontsize_pt(fig) or 10.0
+        css = tick / 72 * fig.dpi * min(1.0, PHONE_COLUMN_CSS_PX / max(shown * fig.dpi, 1e-6))
+        if shown <= PHONE_WIDTH_IN or css >= PHONE_TICK_CSS_PX:
+            return None, (f"one column, {shown:.1f} in wide as drawn: its {tick:g} pt tick labels are "
+                          f"{css:.1f} CSS px on a phone, legible as it is")
+    try:
+        copy = _copy_figure(fig)
+    except Exception as exc:  # a lambda formatter, an unpicklable artist ...
+        return None, f"the figure cannot be copied ({type(exc).__name__}: {exc})"
+    try:
+        from matplotlib.gridspec import GridSpec
+
+        copy.set_dpi(fig.dpi)
+        moved, _ = _panels(copy)
+        if moved is None or len(moved) != len(panels):
+            raise ValueError("the copied figure lost its axes")
+        n = len(moved)
+        grid = GridSpec(n, 1, figure=copy)
+        for i, ax in enumerate(moved):
+            ax.set_subplotspec(grid[i, 0])
+        if n > 1:
+            _show_shared_labels(moved)
+        new_height = PHONE_PANEL_HEIGHT_IN * n if n > 1 else min(max(height, 2.8), 4.0)
+        copy.set_size_inches(PHONE_WIDTH_IN, new_height, forward=False)
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # "not compatible with tight_layout"
+            copy.set_layout_engine("tight")
+            copy.canvas.draw()
+            if _legends_below(moved):
+                copy.canvas.draw()
+    except Exception:
+        _close(copy)
+        raise
+    what = "panels side by side, stacked" if not stacked else "one column, narrowed"
+    return copy, f"{what}: {n} axes in one column, {PHONE_WIDTH_IN:g} x {new_height:g} in"
+
+
+def _close(fig) -> None:
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+
+
+# ---- PNG bytes: what the inline backend draws, with a note of how it was drawn
+def _png_of(fig) -> bytes:
+    """``fig`` as the PNG a notebook shows: the kernel's own PNG formatter if it has one
+    (``%matplotlib inline``, which ``kb.runtime.setup`` selects), else IPython's
+    ``print_figure(fig, "png", bbox_inches="tight")``, which is what that formatter calls."""
+    import base64
+
+    data = None
+    try:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+    except ImportError:  # pragma: no cover
+        shell = None
+    if shell is not None and hasattr(shell, "kernel"):
+        formatter = shell.display_formatter.formatters.get("image/png")
+        if formatter is not None and formatter.lookup_by_type(type(fig)) is not None:
+            data = formatter(fig)
+    if data is None:
+        from IPython.core.pylabtools import print_figure
+
+        data = print_figure(fig, "png", bbox_inches="tight")
+    if isinstance(data, str):
+        data = base64.b64decode(data)
+    if not data or not data.startswith(b"\x89PNG\r\n\x1a\n"):
+        raise ValueError("fig: did not render to a PNG (an empty figure?)")
+    return data
+
+
+def _png_chunks(png: bytes):
+    import struct
+
+    pos = 8
+    while pos + 8 <= len(png):
+        length, kind = struct.unpack(">I4s", png[pos:pos + 8])
+        yield kind, pos, png[pos + 8:pos + 8 + length]
+        pos += 12 + length
+
+
+def _with_text(png: bytes, key: str, text: str) -> bytes:
+    """``png`` with a ``tEXt`` chunk ``key: text`` after its header (pixels unchanged)."""
+    import struct
+    import zlib
+
+    body = key.encode("latin-1") + b"\0" + text.encode("latin-1")
+    chunk = struct.pack(">I", len(body)) + b"tEXt" + body + struct.pack(">I", zlib.crc32(b"tEXt" + body) & 0xFFFFFFFF)
+    first = next(_png_chunks(png))
+    if first[0] != b"IHDR":
+        raise ValueError("png: the first chunk is not IHDR")
+    end = 8 + 12 + len(first[2])
+    return png[:end] + chunk + png[end:]
+
+
+def png_info(png: bytes) -> dict:
+    """What :func:`glue_figure` wrote into a PNG (``{}`` for any other PNG):
+    ``rendering`` ("wide" or "phone"), ``dpi``, ``tick_pt`` (smallest tick label, pt),
+    ``width_in``/``height_in`` (figure size) and ``panels``."""
+    import json
+
+    if not png.startswith(b"\x89PNG\r\n\x1a\n"):
+        raise ValueError("png: not a PNG file")
+    for kind, _, body in _png_chunks(png):
+        if kind == b"tEXt" and body.startswith(PNG_TEXT_KEY.encode() + b"\0"):
+            return json.loads(body.split(b"\0", 1)[1].decode("latin-1"))
+        if kind == b"IDAT":
+            break
+    return {}
+
+
+def _annotated_png(fig, rendering: str) -> bytes:
+    import json
+
+    png = _png_of(fig)
+    width, height = (float(v) for v in fig.get_size_inches())
+    info = {"rendering": rendering, "dpi": float(fig.dpi), "tick_pt": tick_fontsize_pt(fig),
+            "width_in": round(width, 3), "height_in": round(height, 3),
+            "panels": sum(1 for ax in fig.axes if ax.get_visible())}
+    return _with_text(png, PNG_TEXT_KEY, json.dumps(info, sort_keys=True))
+
+
+class _RenderedFigure:
+    """A figure already drawn: what ``glue`` stores is its PNG, its text is the figure's."""
+
+    def __init__(self, png: bytes, text: str):
+        self._png, self._text = png, text
+
+    def _repr_png_(self) -> str:
+        import base64
+
+        return base64.b64encode(self._png).decode("ascii")  # as matplotlib-inline returns it
+
+    def __repr__(self) -> str:
+        return self._text
+
+
+def glue_figure(name: str, fig, *, phone: bool = True) -> None:
+    """Glue ``fig`` as ``glue(name, fig, display=False)`` does, plus a phone rendering.
+
+    The wide rendering under ``name`` is the PNG the notebook's inline backend draws
+    (``bbox_inches="tight"``, the figure's dpi), with one ``tEXt`` chunk added that records
+    the dpi and the smallest tick label size (:func:`png_info`), so that the browser check
+    can compute the tick text's size on screen. When ``phone`` is true and
+    :func:`phone_layout` lays the figure out for a phone (panels side by side, or a single
+    column too wide to read at 342 px), that rendering is glued under
+    ``phone_key(name)``; the ``glue:figure`` directive that names ``name`` shows it below
+    640 px (``_ext/klbook_reader.py``). Nothing else is displayed, and ``fig`` is not
+    changed. Colorbars, twin axes, insets and hand-placed axes get no phone rendering
+    (see :func:`phone_layout`). Returns ``None`` (so that a notebook cell ending with this
+    call shows nothing).
+    """
+    from matplotlib.figure import Figure
+    import myst_nb
+
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"name: expected a non-empty glue key, got {name!r}")
+    if name.endswith(PHONE_SUFFIX):
+        raise ValueError(f"name: must not end with {PHONE_SUFFIX!r} (kept for the phone rendering), got {name!r}")
+    if not isinstance(fig, Figure):
+        raise ValueError(f"fig: expected a matplotlib Figure, got {type(fig).__name__}")
+    myst_nb.glue(name, _RenderedFigure(_annotated_png(fig, "wide"), repr(fig)), display=False)
+    if not phone:
+        return None
+    small, _reason = phone_layout(fig)
+    if small is None:
+        return None
+    try:
+        myst_nb.glue(phone_key(name), _RenderedFigure(_annotated_png(small, "phone"), repr(small)), display=False)
+    finally:
+        _close(small)
+    return None

@@ -926,3 +926,132 @@ def test_wide_prose_tables_become_cards_on_a_phone(browser, server):
     for t in info:
         assert t["right"] <= t["width"] + 1 and t["labels"] > 0, t
     assert not errors, errors
+
+
+# ------------------------------------------------- figures legible on a phone (issue 24)
+# kb.display.glue_figure writes into each PNG it glues how it was drawn (dpi, smallest
+# tick label in pt: klbook_lib.display.png_info) and, for panels side by side, a second
+# rendering with the panels stacked that a <picture> shows below 640 px
+# (_ext/klbook_reader.py). On screen a tick label is
+#     tick_pt / 72 * dpi  PNG pixels  *  (CSS width of the <img> / natural width of the PNG)
+# CSS pixels high (its em size). At 390 px it must be at least MIN_TICK_CSS_PX.
+MIN_TICK_CSS_PX = 7.0
+
+FIGURE_IMAGES_JS = """
+() => [...document.querySelectorAll('article figure img')].map(img => ({
+  figure: (img.closest('figure') || {}).id || '',
+  current: img.currentSrc || img.src, src: img.src, natural: img.naturalWidth,
+  shown: img.getBoundingClientRect().width, picture: !!img.closest('picture.klbook-picture'),
+  complete: img.complete}))
+"""
+
+
+def _png_of_url(url: str) -> bytes:
+    path = (HTML / unquote(urlparse(url).path).lstrip("/")).resolve()
+    assert path.is_file() and HTML in path.parents, f"{url} is not a file of the site"
+    return path.read_bytes()
+
+
+def _png_width(png: bytes) -> int:
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and png[12:16] == b"IHDR", "not a PNG"
+    return int.from_bytes(png[16:20], "big")
+
+
+def _figure_images(browser, server, rel: str, viewport) -> list[dict]:
+    from klbook_lib.display import png_info
+
+    page, errors = _open(browser, urljoin(server, rel), viewport)
+    try:
+        images = page.evaluate(FIGURE_IMAGES_JS)
+    finally:
+        page.close()
+    assert not errors, errors
+    for img in images:
+        png = _png_of_url(img["current"])
+        img["info"] = png_info(png)
+        img["png_width"] = _png_width(png)
+    return images
+
+
+FIGURE_PAGES = _pages_with("<figure") if HTML.exists() else []
+
+
+@pytest.mark.parametrize("rel", FIGURE_PAGES)
+def test_figure_tick_text_is_legible_at_390px(browser, server, rel, record_property):
+    """Every figure glued with kb.display.glue_figure shows its tick labels at least
+    MIN_TICK_CSS_PX CSS px high at 390 px, computed from the figure's DPI and tick size (read
+    from the PNG the browser chose), the PNG's natural width and the <img>'s CSS width.
+    Figures glued with plain glue() carry no such record and are not measured (a page
+    without any passes)."""
+    images = _figure_images(browser, server, rel, PHONE)
+    measured, small = [], []
+    for img in images:
+        info = img["info"]
+        if not info or info.get("tick_pt") is None:
+            continue
+        assert img["complete"] and img["natural"] == img["png_width"], img
+        if img["picture"]:
+            assert info["rendering"] == "phone", f"{rel} {img['figure']}: at 390 px the <picture> shows {info}"
+        css = info["tick_pt"] / 72 * info["dpi"] * img["shown"] / img["natural"]
+        measured.append((img["figure"], round(css, 2)))
+        if css < MIN_TICK_CSS_PX:
+            small.append(f"{img['figure']}: tick labels {css:.1f} CSS px ({info['tick_pt']:g} pt at {info['dpi']:g} dpi, "
+                         f"PNG {img['natural']} px shown {img['shown']:.0f} px, {info['rendering']} rendering)")
+    record_property("tick_css_px", measured)
+    print(f"\n{rel}: tick text at 390 px (CSS px): {measured}")
+    assert not small, (f"{rel}: tick text smaller than {MIN_TICK_CSS_PX} CSS px at 390 px (panels side by side get "
+                       "a stacked rendering; a colorbar or twin-axes figure must be drawn legible at 342 px):\n"
+                       + "\n".join(small))
+
+
+def test_some_figure_is_measured():
+    """The legibility check above is not empty: some figure of the site was glued with
+    kb.display.glue_figure, and some has a phone rendering."""
+    from klbook_lib.display import png_info
+
+    infos = [png_info(p.read_bytes()) for p in (HTML / "_images").glob("*.png")]
+    assert any(i.get("rendering") == "wide" for i in infos), "no figure of the site was glued with glue_figure"
+    assert any(i.get("rendering") == "phone" for i in infos), "no figure of the site has a phone rendering"
+
+
+@pytest.mark.parametrize("rel", _pages_with("klbook-picture") if HTML.exists() else [])
+def test_phone_renderings_are_only_picture_sources(browser, server, rel):
+    """A phone rendering appears only as the <source> of its figure's <picture>: never as an
+    <img> or output of its own; the picture's <img> is the wide rendering, with real alt
+    text. At 1366 px the browser shows the wide rendering, at 390 px the stacked one; the
+    lightbox opens the wide one."""
+    from klbook_lib.display import png_info
+
+    here = (HTML / rel).parent
+    phone_files = set()
+    for picture in _article(rel).select("picture.klbook-picture"):
+        srcs = picture.select("source")
+        assert len(srcs) == 1 and srcs[0].get("media") == "(max-width: 640px)", picture
+        img = picture.find("img")
+        assert img is not None and img.get("alt"), picture
+        wide_file, phone_file = (here / img["src"]).resolve(), (here / srcs[0]["srcset"]).resolve()
+        assert png_info(wide_file.read_bytes())["rendering"] == "wide", img
+        assert png_info(phone_file.read_bytes())["rendering"] == "phone", srcs[0]
+        phone_files.add(phone_file)
+    assert phone_files, f"{rel}: no picture"
+    shown = [f"{_rel(p)}: <img src={img.get('src')}>" for p in _pages() for img in _article(_rel(p)).find_all("img")
+             if (p.parent / (img.get("src") or "")).resolve() in phone_files]
+    assert not shown, "a phone rendering shown as an image of its own:\n" + "\n".join(shown)
+    wide = [i for i in _figure_images(browser, server, rel, LAPTOP) if i["picture"]]
+    assert wide and all(i["info"]["rendering"] == "wide" for i in wide), wide
+    narrow = [i for i in _figure_images(browser, server, rel, PHONE) if i["picture"]]
+    assert narrow and all(i["info"]["rendering"] == "phone" for i in narrow), narrow
+    page, errors = _open(browser, urljoin(server, rel), PHONE)
+    try:
+        img = page.locator("picture.klbook-picture img").first
+        img.scroll_into_view_if_needed()
+        img.click()
+        page.wait_for_timeout(400)
+        big = page.locator(".klbook-lightbox img")
+        assert big.is_visible(), "tapping a figure with a phone rendering did not enlarge it"
+        src = big.evaluate("(b) => b.currentSrc || b.src")
+        assert png_info(_png_of_url(src))["rendering"] == "wide", src
+        page.keyboard.press("Escape")
+    finally:
+        page.close()
+    assert not errors, errors
