@@ -37,7 +37,7 @@ __version__ = "0.1.0"
 _SUBMODULES = (
     "divergences", "estimators", "fitting", "controllers", "envs", "ppo", "monitor",
     "rlhf", "dpo", "runtime", "grading", "optimal", "vi", "trpo", "display",
-    "seqkl", "diagnostics", "stats", "optim", "bench",
+    "seqkl", "diagnostics", "stats", "optim", "bench", "offpolicy",
 )
 
 
