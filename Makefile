@@ -73,10 +73,7 @@ test-lib: setup
 test-notebooks: setup
 	$(OFFLINE) $(PY) -m pytest -q -n $(JOBS) --dist loadfile --nbval-lax --nbval-cell-timeout=900 -p no:cacheprovider $(NOTEBOOKS)
 
-test-# the notebooks run first, $(JOBS) at a time, into the jupyter-cache (tools/execute_book.py:
-# only those whose code the cache lacks); the build then executes nothing itself
-book: setup
-	-$(OFFLINE) $(PY) tools/execute_book.py --jobs $(JOBS)
+test-book: setup
 	$(OFFLINE) $(JB) build . $(JBFLAGS)
 
 test-browser: setup
