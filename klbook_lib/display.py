@@ -121,30 +121,39 @@ def tick_fontsize_pt(fig) -> float | None:
 
 
 def _panels(fig) -> tuple[list | None, str]:
-    """The visible axes of ``fig`` in reading order, or ``None`` and why they cannot move."""
+    """The panels of ``fig`` in reading order, or ``None`` and why they cannot move.
+
+    A panel is a list of axes that share one place: an axes and its twins (``twinx``,
+    ``twiny``), the first one the axes they were made from.
+    """
     if getattr(fig, "subfigs", None):
         return None, "the figure has subfigures"
-    panels = [ax for ax in fig.axes if ax.get_visible()]
-    if not panels:
+    axes = [ax for ax in fig.axes if ax.get_visible()]
+    if not axes:
         return None, "the figure has no axes"
-    for ax in panels:
+    for ax in axes:
         if ax.get_label() == "<colorbar>" or hasattr(ax, "_colorbar"):
             return None, "the figure has a colorbar"
         if ax.get_axes_locator() is not None:
             return None, "the figure has an inset axes"
         if ax.get_subplotspec() is None:
             return None, "an axes was placed by hand (add_axes): an inset or a custom layout"
-    boxes = [ax.get_position().bounds for ax in panels]
-    for i in range(len(panels)):
-        for j in range(i):
-            if all(abs(a - b) < 1e-3 for a, b in zip(boxes[i], boxes[j])):
-                return None, "two axes share one place (twinx/twiny)"
-    specs = [ax.get_subplotspec().get_topmost_subplotspec() for ax in panels]
+    groups: list[list] = []
+    for ax in axes:  # fig.axes lists an axes before the twins made from it
+        box = ax.get_position().bounds
+        for group in groups:
+            if all(abs(a - b) < 1e-3 for a, b in zip(box, group[0].get_position().bounds)):
+                group.append(ax)
+                break
+        else:
+            groups.append([ax])
+    boxes = [g[0].get_position().bounds for g in groups]
+    specs = [g[0].get_subplotspec().get_topmost_subplotspec() for g in groups]
     if len({id(s.get_gridspec()) for s in specs}) == 1:
-        order = sorted(range(len(panels)), key=lambda i: (specs[i].rowspan.start, specs[i].colspan.start))
+        order = sorted(range(len(groups)), key=lambda i: (specs[i].rowspan.start, specs[i].colspan.start))
     else:  # several grids: read by position, top row first
-        order = sorted(range(len(panels)), key=lambda i: (-round(boxes[i][1] + boxes[i][3], 2), boxes[i][0]))
-    return [panels[i] for i in order], ""
+        order = sorted(range(len(groups)), key=lambda i: (-round(boxes[i][1] + boxes[i][3], 2), boxes[i][0]))
+    return [groups[i] for i in order], ""
 
 
 def _side_by_side(panels) -> bool:
@@ -236,23 +245,26 @@ def phone_layout(fig):
       moves to an N x 1 GridSpec in reading order (row by row), the figure becomes
       ``PHONE_WIDTH_IN`` wide and ``PHONE_PANEL_HEIGHT_IN`` per panel, with tight layout.
       Legends, titles and a suptitle come along (a legend placed beside its panel moves
-      below it); shared axes show their tick labels on every panel.
+      below it); shared axes show their tick labels on every panel; twin axes
+      (``twinx``/``twiny``) and insets made with ``ax.inset_axes`` move with their axes.
     * One column (one axes, or panels already stacked) that is so wide that its tick
       labels would be smaller than ``PHONE_TICK_CSS_PX`` CSS px in the phone's 342 px
       column: the same layout, ``PHONE_WIDTH_IN`` wide. A narrower one needs no phone
       rendering (``None``).
     * No phone rendering (``None``, the reason says why) when the figure has a colorbar,
-      twin axes (``twinx``), an inset or an axes placed by hand (``add_axes``), subfigures,
-      or cannot be copied (pickled): moving those axes would break what they show. Such a
-      figure keeps its one rendering; design it to be legible at 342 px.
+      an axes placed by hand (``fig.add_axes``: an inset in figure coordinates, a custom
+      layout) or by an axes locator (``mpl_toolkits`` insets), subfigures, or cannot be
+      copied (pickled): moving those axes would break what they show. Such a figure keeps
+      its one rendering; design it to be legible at 342 px (the browser check measures it).
     """
     from matplotlib.figure import Figure
 
     if not isinstance(fig, Figure):
         raise ValueError(f"fig: expected a matplotlib Figure, got {type(fig).__name__}")
-    panels, reason = _panels(fig)
-    if panels is None:
+    groups, reason = _panels(fig)
+    if groups is None:
         return None, reason
+    panels = [g[0] for g in groups]
     width, height = (float(v) for v in fig.get_size_inches())
     stacked = not _side_by_side(panels)
     if stacked:
@@ -270,13 +282,15 @@ def phone_layout(fig):
         from matplotlib.gridspec import GridSpec
 
         copy.set_dpi(fig.dpi)
-        moved, _ = _panels(copy)
-        if moved is None or len(moved) != len(panels):
+        copied, _ = _panels(copy)
+        if copied is None or [len(g) for g in copied] != [len(g) for g in groups]:
             raise ValueError("the copied figure lost its axes")
+        moved = [g[0] for g in copied]
         n = len(moved)
         grid = GridSpec(n, 1, figure=copy)
-        for i, ax in enumerate(moved):
-            ax.set_subplotspec(grid[i, 0])
+        for i, group in enumerate(copied):
+            for ax in group:  # an axes and its twins move together
+                ax.set_subplotspec(grid[i, 0])
         if n > 1:
             _show_shared_labels(moved)
         new_height = PHONE_PANEL_HEIGHT_IN * n if n > 1 else min(max(height, 2.8), 4.0)
@@ -287,7 +301,7 @@ def phone_layout(fig):
             warnings.simplefilter("ignore", UserWarning)  # "not compatible with tight_layout"
             copy.set_layout_engine("tight")
             copy.canvas.draw()
-            if _legends_below(moved):
+            if _legends_below([ax for g in copied for ax in g]):
                 copy.canvas.draw()
     except Exception:
         _close(copy)
@@ -408,7 +422,7 @@ def glue_figure(name: str, fig, *, phone: bool = True) -> None:
     column too wide to read at 342 px), that rendering is glued under
     ``phone_key(name)``; the ``glue:figure`` directive that names ``name`` shows it below
     640 px (``_ext/klbook_reader.py``). Nothing else is displayed, and ``fig`` is not
-    changed. Colorbars, twin axes, insets and hand-placed axes get no phone rendering
+    changed. Colorbars, hand-placed axes and subfigures get no phone rendering
     (see :func:`phone_layout`). Returns ``None`` (so that a notebook cell ending with this
     call shows nothing).
     """

@@ -129,7 +129,7 @@ def test_a_very_wide_single_panel_is_narrowed():
     assert phone.get_size_inches()[0] == pytest.approx(4.8)
 
 
-@pytest.mark.parametrize("case", ["colorbar", "twinx", "add_axes", "subfigures"])
+@pytest.mark.parametrize("case", ["colorbar", "add_axes", "subfigures"])
 def test_figures_whose_axes_cannot_move_get_no_phone_rendering(case):
     if case == "subfigures":
         fig = plt.figure(figsize=(10, 4))
@@ -139,12 +139,25 @@ def test_figures_whose_axes_cannot_move_get_no_phone_rendering(case):
         fig, axes = plt.subplots(1, 2, figsize=(10, 4))
         if case == "colorbar":
             fig.colorbar(axes[0].imshow(np.eye(3)), ax=axes[0])
-        elif case == "twinx":
-            axes[0].twinx().plot([0, 1], [1, 0])
         else:
             fig.add_axes((0.2, 0.6, 0.1, 0.1))
     phone, why = phone_layout(fig)
     assert phone is None and why, case
+
+
+def test_twin_axes_move_with_their_panel():
+    fig, axes = _two_panels()
+    twin = axes[0].twinx()
+    twin.plot([0, 1, 2], [5, 3, 1], color="tab:orange")
+    twin.set_ylabel("right")
+    fig.tight_layout()
+    phone, why = phone_layout(fig)
+    assert phone is not None, why
+    phone.canvas.draw()
+    first, copy_twin, second = phone.axes[0], phone.axes[2], phone.axes[1]
+    assert copy_twin.get_ylabel() == "right"
+    assert np.allclose(first.get_position().bounds, copy_twin.get_position().bounds)
+    assert first.get_position().y0 > second.get_position().y1  # panel 0 (with its twin) above panel 1
 
 
 def test_an_inset_made_with_inset_axes_moves_with_its_panel():
