@@ -102,7 +102,7 @@ def phone_key(name: str) -> str:
     return name + PHONE_SUFFIX
 
 
-def tick_fontsize_pt(fig) -> float | None:
+def tick_fontsize_pt(fig: Any) -> float | None:
     """The smallest font size (pt) of the visible, non-empty tick labels of ``fig``.
 
     ``None`` when no axes of ``fig`` shows a tick label (images with ``axis("off")``).
@@ -236,7 +236,7 @@ def _legends_below(panels) -> bool:
     return moved
 
 
-def phone_layout(fig):
+def phone_layout(fig: Any) -> tuple[Any, str]:
     """A copy of ``fig`` laid out for a phone, or ``None``; and a sentence saying which.
 
     Returns ``(phone_fig, reason)``. ``fig`` itself is not changed.
@@ -332,8 +332,8 @@ def _png_of(fig) -> bytes:
         shell = None
     if shell is not None and hasattr(shell, "kernel"):
         formatter = shell.display_formatter.formatters.get("image/png")
-        if formatter is not None and formatter.lookup_by_type(type(fig)) is not None:
-            data = formatter(fig)
+        if formatter is not None and formatter.enabled:
+            data = formatter(fig)  # None when no PNG printer is registered for figures
     if data is None:
         from IPython.core.pylabtools import print_figure
 
@@ -411,7 +411,7 @@ class _RenderedFigure:
         return self._text
 
 
-def glue_figure(name: str, fig, *, phone: bool = True) -> None:
+def glue_figure(name: str, fig: Any, *, phone: bool = True) -> None:
     """Glue ``fig`` as ``glue(name, fig, display=False)`` does, plus a phone rendering.
 
     The wide rendering under ``name`` is the PNG the notebook's inline backend draws

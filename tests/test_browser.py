@@ -12,6 +12,9 @@ Run after the book build (`make test-browser`). Every test here reads the built 
 - layout: at 1366 px no display equation or table is wider than the text column; on a
   phone a wide one scrolls inside its own box and shows that it does (a fade), and an
   equation's number stays in view;
+- figures on a phone: tick text of every figure glued with kb.display.glue_figure at least
+  MIN_TICK_CSS_PX CSS px at 390 px (from the dpi and tick size the PNG records, its natural
+  width and its CSS width); a phone rendering is only a <picture>'s <source>;
 - text: the KL keeps its double bar in every table, no "exercise Exercise 4.3", the proof
   index lists titles, the execution page has plain check marks, plotting code sits
   behind a working "show code" toggle.
