@@ -16,7 +16,9 @@ trained and no response is sampled during training.
 
 The module has the loss (:func:`dpo_loss`), the sequence log-probabilities it needs
 (:func:`sequence_logps`), the batching of preference pairs (:func:`encode_pairs`) and a
-trainer for the tiny GPT-2 demo of :mod:`klbook_lib.rlhf` (:func:`train_dpo`).
+trainer for the tiny GPT-2 demo of :mod:`klbook_lib.rlhf` (:func:`train_dpo`), and
+:func:`train_dpo_seeds`, which trains many seeds in one process and computes the reference
+log-probabilities of the pairs once for all of them (each seed equals :func:`train_dpo` alone).
 """
 from __future__ import annotations
 
@@ -38,6 +40,7 @@ __all__ = [
     "DPOConfig",
     "DPOResult",
     "train_dpo",
+    "train_dpo_seeds",
 ]
 
 
@@ -202,6 +205,7 @@ class DPOConfig:
     n_eval_samples: int = 128      # sampled responses per evaluation (KL, scores, true reward)
     eval_seed: int = 1234
     max_new_tokens: int = 16
+    heldout_every_eval: bool = True   # False: the held-out accuracy in the last evaluation only
 
     def check(self) -> "DPOConfig":
         for name in ("batch_size", "eval_every", "n_eval_samples", "max_new_tokens"):
@@ -257,6 +261,33 @@ def _custom_dpo_loss(loss_fn, pc, pr, rc, rr, beta: float) -> torch.Tensor:
     return out
 
 
+def _check_run(pipeline, beta, steps, config) -> DPOConfig:
+    cfg = (config or DPOConfig()).check()
+    if not isinstance(beta, (int, float)) or not math.isfinite(beta) or beta <= 0:
+        raise ValueError(f"beta: must be a finite number > 0, got {beta!r}")
+    if not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps: must be a positive integer, got {steps!r}")
+    if not list(pipeline.train_pairs) or not list(pipeline.heldout_pairs):
+        raise ValueError("pipeline: needs non-empty train_pairs and heldout_pairs")
+    return cfg
+
+
+def _check_seed(seed) -> None:
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise ValueError(f"seed: must be a non-negative integer, got {seed!r}")
+
+
+def _reference_logps(pipeline) -> tuple[torch.Tensor, ...]:
+    """``log pi_ref`` of the chosen and rejected responses of the training and held-out pairs."""
+    from .rlhf.models import disable_dropout
+
+    ref = pipeline.ref_model
+    disable_dropout(ref)
+    device = next(ref.parameters()).device
+    return (*_logps_in_chunks(ref, pipeline.tokenizer, list(pipeline.train_pairs), device),
+            *_logps_in_chunks(ref, pipeline.tokenizer, list(pipeline.heldout_pairs), device))
+
+
 def train_dpo(pipeline, beta: float = 0.1, steps: int = 200, seed: int = 0,
               config: DPOConfig | None = None, progress: bool = True,
               keep_checkpoints: bool = False, evaluate: bool = True, loss_fn=None) -> DPOResult:
@@ -276,30 +307,56 @@ def train_dpo(pipeline, beta: float = 0.1, steps: int = 200, seed: int = 0,
     mean), whose mean is minimised; the logged rewards are still ``beta`` times the log-ratios.
     Dropout is switched off on the policy and on ``pi_ref`` (a GPT-2 checkpoint ships with it on).
     """
+    cfg = _check_run(pipeline, beta, steps, config)
+    _check_seed(seed)
+    t_start = time.time()
+    return _train_one(pipeline, beta, steps, seed, cfg, _reference_logps(pipeline), progress,
+                      keep_checkpoints, evaluate, loss_fn, t_start)
+
+
+def train_dpo_seeds(pipeline, seeds: Sequence[int], beta: float = 0.1, steps: int = 200,
+                    config: DPOConfig | None = None, progress: bool = False,
+                    keep_checkpoints: bool = False, evaluate: bool = True) -> list[DPOResult]:
+    """:func:`train_dpo` for every seed in ``seeds``, in one process; one :class:`DPOResult` per seed.
+
+    The reference log-probabilities of all training and held-out pairs (the same for every
+    seed) are computed once; apart from that each seed is exactly :func:`train_dpo` with that
+    seed (the runs share no random state), so seed ``s`` of the list equals
+    ``train_dpo(pipeline, beta, steps, seed=s, config=config)`` except for the timings.
+    """
+    if isinstance(seeds, (str, bytes)) or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
+        raise ValueError(f"seeds: must be a sequence of integers, got {seeds!r}")
+    seeds = list(seeds)
+    if not seeds:
+        raise ValueError("seeds: need at least one seed")
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds: must be distinct, got {seeds}")
+    for s in seeds:
+        _check_seed(s)
+    cfg = _check_run(pipeline, beta, steps, config)
+    ref_logps = _reference_logps(pipeline)
+    out = []
+    for s in tqdm(seeds, desc=f"DPO seeds beta={beta:g}", disable=not progress):
+        out.append(_train_one(pipeline, beta, steps, s, cfg, ref_logps, False, keep_checkpoints,
+                              evaluate, None, time.time()))
+    return out
+
+
+def _train_one(pipeline, beta, steps, seed, cfg, ref_logps, progress, keep_checkpoints, evaluate,
+               loss_fn, t_start) -> DPOResult:
     from .rlhf.models import disable_dropout
     from .rlhf.ppo import evaluate_policy
 
-    cfg = (config or DPOConfig()).check()
-    if not isinstance(beta, (int, float)) or not math.isfinite(beta) or beta <= 0:
-        raise ValueError(f"beta: must be a finite number > 0, got {beta!r}")
-    if not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps: must be a positive integer, got {steps!r}")
-    if not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed: must be a non-negative integer, got {seed!r}")
     train_pairs, held_pairs = list(pipeline.train_pairs), list(pipeline.heldout_pairs)
-    if not train_pairs or not held_pairs:
-        raise ValueError("pipeline: needs non-empty train_pairs and heldout_pairs")
     tok = pipeline.tokenizer
     ref = pipeline.ref_model
     device = next(ref.parameters()).device
-    t_start = time.time()
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
     policy = pipeline.new_policy()
     for model in (policy, ref):         # dropout off: train and eval mode give the same log-probs
         disable_dropout(model)
-    ref_c, ref_r = _logps_in_chunks(ref, tok, train_pairs, device)
-    held_ref_c, held_ref_r = _logps_in_chunks(ref, tok, held_pairs, device)
+    ref_c, ref_r, held_ref_c, held_ref_r = ref_logps
     opt = torch.optim.Adam([p for p in policy.parameters() if p.requires_grad], lr=cfg.lr)
     history: list[dict] = []
     evals: list[dict] = []
@@ -307,10 +364,11 @@ def train_dpo(pipeline, beta: float = 0.1, steps: int = 200, seed: int = 0,
 
     def run_eval(step: int) -> None:
         policy.eval()
-        c, r = _logps_in_chunks(policy, tok, held_pairs, device)
-        _, cr, rr = dpo_loss(c, r, held_ref_c, held_ref_r, beta)
-        row = {"step": step, "heldout_accuracy": implicit_reward_accuracy(cr, rr),
-               "heldout_margin": float((cr - rr).mean())}
+        row = {"step": step}
+        if cfg.heldout_every_eval or step == steps:
+            c, r = _logps_in_chunks(policy, tok, held_pairs, device)
+            _, cr, rr = dpo_loss(c, r, held_ref_c, held_ref_r, beta)
+            row.update(heldout_accuracy=implicit_reward_accuracy(cr, rr), heldout_margin=float((cr - rr).mean()))
         if evaluate:
             stats, _ = evaluate_policy(pipeline, policy, n=cfg.n_eval_samples, seed=cfg.eval_seed,
                                        max_new_tokens=cfg.max_new_tokens)

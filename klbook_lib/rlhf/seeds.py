@@ -3,7 +3,8 @@
 The book's seed standard (AUTHORING.md) asks for ten seeds per arm. :func:`train_seeds`
 trains ``K`` seeds of :func:`klbook_lib.rlhf.ppo.train_ppo` in one process and returns ``K``
 histories; :func:`seed_benchmark` times it against the same seeds run one after another
-the way the chapters ran them before (``python -m klbook_lib.bench seeds`` calls it).
+the way the chapters ran them before (``python -m klbook_lib.bench seeds`` calls it);
+:func:`train_seed_results` returns the tuned policies too.
 
 Where the time goes (cProfile and ``torch.profiler``, preset ``tiny``, the book's settings:
 ``PPOConfig()`` defaults, batch 64, beta 0.1; one thread on the shared 2-core machine, so
@@ -48,7 +49,7 @@ from torch import nn
 from tqdm import tqdm
 
 from .checks import check_prompts
-from .ppo import PPOConfig, train_ppo
+from .ppo import PPOConfig, RLHFResult, train_ppo
 
 
 def use_fused_gelu(model: nn.Module) -> nn.Module:
@@ -79,6 +80,42 @@ def _check_seeds(seeds: Sequence[int]) -> list[int]:
     return seeds
 
 
+def train_seed_results(pipeline, seeds: Sequence[int], beta: float = 0.1, steps: int = 30,
+                       config: PPOConfig | None = None, fast: bool = True, progress: bool = False,
+                       prompts: Sequence[str] | None = None) -> list[RLHFResult]:
+    """:func:`train_seeds`, returning one :class:`~klbook_lib.rlhf.ppo.RLHFResult` per seed
+    (the tuned ``policy``, its ``value_model``, the ``history``, ``config``, ``beta``, ``seed``)
+    instead of the histories alone, for chapters that sample from the tuned policies.
+
+    With ``fast=True`` the returned policies carry the fused tanh-GELU (:func:`use_fused_gelu`);
+    they compute the same function as GPT-2's ``gelu_new`` to float rounding.
+    """
+    seeds = _check_seeds(seeds)
+    if not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps: must be a positive integer, got {steps!r}")
+    prompts = check_prompts(pipeline, prompts)
+    cfg = config or PPOConfig()
+    ref_model, reward_model = pipeline.ref_model, pipeline.reward_model
+    if fast:    # private copies: the pipeline's models stay as they are
+        ref_model = use_fused_gelu(copy.deepcopy(ref_model))
+        reward_model = use_fused_gelu(copy.deepcopy(reward_model))
+    results = []
+    for seed in tqdm(seeds, desc="seeds", disable=not progress):
+        policy = pipeline.new_policy()
+        value_model = copy.deepcopy(pipeline.reward_model)
+        for p in value_model.parameters():
+            p.requires_grad_(True)
+        if fast:
+            use_fused_gelu(policy)
+            use_fused_gelu(value_model)
+        history = train_ppo(policy, ref_model, reward_model, value_model, pipeline.tokenizer, prompts,
+                            iterations=steps, beta=beta, config=cfg, seed=seed, progress=False,
+                            sampler_cache=fast, reuse_sample_logits=fast)
+        results.append(RLHFResult(policy=policy, value_model=value_model, history=history, config=cfg,
+                                  beta=float(beta), seed=seed))
+    return results
+
+
 def train_seeds(pipeline, seeds: Sequence[int], beta: float = 0.1, steps: int = 30,
                 config: PPOConfig | None = None, fast: bool = True, progress: bool = False,
                 prompts: Sequence[str] | None = None) -> list[list[dict]]:
@@ -90,30 +127,10 @@ def train_seeds(pipeline, seeds: Sequence[int], beta: float = 0.1, steps: int = 
     switches every speed-up on (sampler KV cache, ``log pi_old`` from the sampler, the
     fused GELU on private copies of all four models); ``fast=False`` is the code as the
     chapters ran it before these speed-ups (sampler cache off), seed after seed.
+    :func:`train_seed_results` returns the tuned policies as well.
     """
-    seeds = _check_seeds(seeds)
-    if not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps: must be a positive integer, got {steps!r}")
-    prompts = check_prompts(pipeline, prompts)
-    cfg = config or PPOConfig()
-    ref_model, reward_model = pipeline.ref_model, pipeline.reward_model
-    if fast:    # private copies: the pipeline's models stay as they are
-        ref_model = use_fused_gelu(copy.deepcopy(ref_model))
-        reward_model = use_fused_gelu(copy.deepcopy(reward_model))
-    histories = []
-    for seed in tqdm(seeds, desc="seeds", disable=not progress):
-        policy = pipeline.new_policy()
-        value_model = copy.deepcopy(pipeline.reward_model)
-        for p in value_model.parameters():
-            p.requires_grad_(True)
-        if fast:
-            use_fused_gelu(policy)
-            use_fused_gelu(value_model)
-        histories.append(train_ppo(policy, ref_model, reward_model, value_model,
-                                   pipeline.tokenizer, prompts, iterations=steps, beta=beta,
-                                   config=cfg, seed=seed, progress=False,
-                                   sampler_cache=fast, reuse_sample_logits=fast))
-    return histories
+    return [r.history for r in train_seed_results(pipeline, seeds, beta=beta, steps=steps, config=config,
+                                                  fast=fast, progress=progress, prompts=prompts)]
 
 
 def seed_benchmark(n_seeds: int = 10, iterations: int = 10, progress: bool = False,
