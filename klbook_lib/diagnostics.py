@@ -38,7 +38,7 @@ import torch
 from klbook_lib import envs as _envs
 from klbook_lib.divergences import kl_from_logits
 
-__all__ = ["collect_states", "collect_rollout", "fisher_trace", "random_step_kl", "kl_phases",
+__all__ = ["collect_states", "collect_rollout", "evaluate_agents", "fisher_trace", "random_step_kl", "kl_phases",
            "diagnose_run", "DEFAULT_KL_BAND"]
 
 #: The per-update KL band of :func:`diagnose_run`: a third of the PPO paper's smallest KL target
@@ -118,6 +118,55 @@ def collect_states(agent, env: str = "CartPole", num_envs: int = 16, num_steps: 
     e.reset(seed=seed)
     obs = collect_rollout(agent, e, num_steps, seed=seed + 1)["obs"]
     return obs.reshape(-1, obs.shape[-1])
+
+
+def evaluate_agents(agents: Sequence, env: str = "CartPole", num_episodes: int = 16,
+                    seed: int = 12345, deterministic: bool = True,
+                    env_kwargs: dict | None = None) -> np.ndarray:
+    """``klbook_lib.ppo.evaluate`` for every agent in ``agents``, all stepped as one batch.
+
+    Returns a ``(K, num_episodes)`` array: row ``k`` holds the returns that
+    ``evaluate(agents[k], env, num_episodes, seed, deterministic)`` gives, from the same
+    initial states and (when sampling) the same draws: each agent gets its own copy of the
+    environment seeded with ``seed`` and its own generator seeded with ``seed + 1``, and the
+    stacked forward of :class:`klbook_lib.ppo.AgentEnsemble` computes each agent's logits as
+    the agent does. Categorical policies only. E.g. the policy of every update of a run,
+    evaluated on common starting states at a fraction of the cost of one call per policy.
+    """
+    from klbook_lib.ppo import AgentEnsemble          # ppo does not import this module
+    agents = list(agents)
+    if not agents:
+        raise ValueError("agents: need at least one agent")
+    for a in agents:
+        _check_agent(a, need_discrete=True)
+    if not isinstance(num_episodes, int) or num_episodes < 1:
+        raise ValueError(f"num_episodes: must be a positive integer, got {num_episodes!r}")
+    if env_kwargs is not None and not isinstance(env_kwargs, dict):
+        raise ValueError(f"env_kwargs: must be a dict or None, got {type(env_kwargs).__name__}")
+    k = len(agents)
+    batch = _envs.SeedBatch(env, num_episodes, [seed] * k, device="cpu", **(env_kwargs or {}))
+    if not batch.discrete:
+        raise ValueError(f"env: {env!r} has continuous actions; evaluate_agents needs a categorical one")
+    ens = AgentEnsemble(agents)
+    gens = [torch.Generator().manual_seed(seed + 1) for _ in range(k)]
+    obs = batch.obs
+    returns = torch.zeros(k, num_episodes, dtype=torch.float64)
+    alive = torch.ones(k, num_episodes, dtype=torch.bool)
+    with torch.no_grad():
+        for _ in range(batch.max_episode_steps):
+            logits = ens.logits(obs)
+            if deterministic:
+                action = logits.argmax(-1)
+            else:                                     # Agent.sample's Gumbel-max, one generator each
+                e = torch.stack([torch.empty_like(logits[i]).exponential_(generator=g)
+                                 for i, g in enumerate(gens)])
+                action = torch.argmax(logits - e.log(), -1)
+            obs, reward, term, trunc, _ = batch.step(action)
+            returns += reward.to(torch.float64) * alive
+            alive &= ~(term | trunc)
+            if not alive.any():
+                break
+    return returns.numpy()
 
 
 # =====================================================================================
