@@ -274,7 +274,10 @@ class GRPOConfig:
     used for ``updates_per_batch`` gradient steps (DeepSeekMath: one; more makes the later
     steps off-policy, from ``pi_old``). ``scale_advantages=False`` and
     ``aggregation="constant"`` give Dr. GRPO's variant (``max_tokens`` defaults to
-    ``max_new_tokens``).
+    ``max_new_tokens``). ``warmup_steps = W > 0`` warms the learning rate up linearly:
+    iteration ``k`` (counted from 1) runs its Adam steps at ``lr * min(1, k / W)``. Without
+    it Adam's first step moves every parameter by about ``lr`` whatever its gradient's size
+    (both moments start at zero, so the first update is ``lr * g / (|g| + eps)``).
     """
 
     prompts_per_step: int = 8
@@ -288,12 +291,16 @@ class GRPOConfig:
     scale_advantages: bool = True
     adv_eps: float = 1e-4
     max_grad_norm: float = 1.0
+    warmup_steps: int = 0
 
     def check(self) -> "GRPOConfig":
         for name in ("prompts_per_step", "max_new_tokens", "updates_per_batch"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name}: must be a positive integer, got {v!r}")
+        w = self.warmup_steps
+        if isinstance(w, bool) or not isinstance(w, int) or w < 0:
+            raise ValueError(f"warmup_steps: must be an integer >= 0, got {w!r}")
         _check_group_size(self.group_size, self.group_size)
         for name in ("temperature", "lr", "clip_range", "max_grad_norm"):
             v = getattr(self, name)
@@ -306,6 +313,12 @@ class GRPOConfig:
     @property
     def batch_size(self) -> int:
         return self.prompts_per_step * self.group_size
+
+    def lr_at(self, iteration: int) -> float:
+        """The learning rate of iteration ``iteration`` (0-based): ``lr * min(1, (iteration + 1) / W)``."""
+        if self.warmup_steps == 0:
+            return float(self.lr)
+        return float(self.lr) * min(1.0, (iteration + 1) / self.warmup_steps)
 
 
 @dataclass
@@ -382,7 +395,7 @@ def train_grpo(policy, ref_model, tokenizer, prompts: Sequence[str], iterations:
     each response's prefixes), ``kl_exact_token``, ``k1_seq``, ``k3_token``,
     ``entropy_token``, ``ref_nll_token``, ``response_length``, ``true_reward`` (the corpus's
     hidden reward), ``distinct_fraction``; then the update's ``loss``, ``pg``, ``k3`` and
-    ``clipfrac``, ``beta`` and ``seconds``.
+    ``clipfrac``, ``beta``, ``lr`` (:meth:`GRPOConfig.lr_at`) and ``seconds``.
     """
     cfg = (config or GRPOConfig()).check()
     if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
@@ -412,6 +425,9 @@ def train_grpo(policy, ref_model, tokenizer, prompts: Sequence[str], iterations:
         if not isinstance(rewards, torch.Tensor) or rewards.shape != (len(batch_prompts),):
             raise ValueError(f"reward_fn: must return a [{len(batch_prompts)}] tensor, got "
                              f"{getattr(rewards, 'shape', type(rewards).__name__)}")
+        lr = cfg.lr_at(it)
+        for group in opt.param_groups:
+            group["lr"] = lr
         stats, diag = grpo_step(policy, ref_model, ro, rewards.float(), beta, cfg, opt)
         groups = rewards.float().view(-1, G)
         history.append({
@@ -420,7 +436,7 @@ def train_grpo(policy, ref_model, tokenizer, prompts: Sequence[str], iterations:
             **stats,
             "true_reward": float(sum(_data.true_reward(r) for r in ro.responses) / len(ro.responses)),
             "distinct_fraction": len(set(ro.responses)) / len(ro.responses),
-            **diag, "seconds": time.time() - t0})
+            **diag, "lr": lr, "seconds": time.time() - t0})
     policy.eval()
     return history
 
