@@ -498,3 +498,176 @@ def test_ex01_an_all_zeros_kl_from_logits_scores_zero(tmp_path):
     r = grade_cells(tmp_path, "ex01_kl_definition", cells)
     assert question(r, "q2")["points"] == 0, question(r, "q2")["messages"]
     assert question(r, "q1")["points"] == 4
+
+
+# ---------------------------------------------------------------- 5. issue 25: undeserved credit
+# Each wrong variant that issue 25 found earning points is graded and loses them; the master's
+# full marks are checked in tests/test_exercises.py.
+def _core_zero(r: dict, qid: str) -> None:
+    q = question(r, qid)
+    assert q["points"] == 0, q
+    assert "no points: core case" in q["messages"][0], q["messages"]
+
+
+@pytest.mark.parametrize("variant", ["target written in", "halve and double swapped"])
+def test_issue25_item1_ex03_adaptive_beta_variants_score_zero(tmp_path, variant):
+    bodies = {
+        "target written in": '''def adaptive_beta_update(beta, kl, kl_target):
+    if kl < 0.01 / 1.5:                  # the target 0.01 written in
+        return beta / 2
+    if kl > 0.01 * 1.5:
+        return beta * 2
+    return beta
+''',
+        "halve and double swapped": '''def adaptive_beta_update(beta, kl, kl_target):
+    if kl < kl_target / 1.5:
+        return beta * 2
+    if kl > kl_target * 1.5:
+        return beta / 2
+    return beta
+'''}
+    cells = replace_function(quick(master_cells("ex03_trpo_ppo")), "adaptive_beta_update", bodies[variant])
+    r = grade_cells(tmp_path, "ex03_trpo_ppo", cells)
+    _core_zero(r, "q1")
+    if variant == "target written in":
+        assert_trap(r, "q1", "another target: KL on it")
+    for qid in ("q2", "q3", "q6", "q7"):
+        assert question(r, qid)["points"] == question(r, qid)["max_points"]
+
+
+NO_KL_LOSS = '''def kl_penalty_loss(logits_new, logits_old, actions, advantages, beta, eps):
+    logp_new, logp_old = torch.log_softmax(logits_new, -1), torch.log_softmax(logits_old, -1)
+    a = actions.long().unsqueeze(-1)
+    ratio = torch.exp(logp_new.gather(-1, a).squeeze(-1) - logp_old.gather(-1, a).squeeze(-1))
+    surrogate = torch.minimum(ratio * advantages, ratio.clamp(1 - eps, 1 + eps) * advantages)
+    return -surrogate.mean()                 # no KL term: clipping alone solves CartPole
+'''
+
+
+def test_issue25_item2_the_kl_probe_tells_a_kl_penalty_loss_from_others():
+    """The probe that q8's judge requires (no training here; the slow test below grades the no-KL
+    loss's four training runs): the master's loss passes it, no KL term and the wrong direction fail."""
+    from klbook_lib.tasks import cartpole_kl
+
+    good = master_namespace("ex03_trpo_ppo")["kl_penalty_loss"]
+    assert cartpole_kl.kl_term_works([None, None, None, cartpole_kl.kl_probe(good)])[0]
+    ns: dict = {}
+    exec(compile("import torch\n" + NO_KL_LOSS + EX03_TRAPS["kl_penalty_loss"], "<variants>", "exec"), ns)  # noqa: S102
+    assert not cartpole_kl.kl_term_works([None, None, None, cartpole_kl.kl_probe(ns["kl_penalty_loss"])])[0]
+    exec(compile("import torch\n" + NO_KL_LOSS, "<no-kl>", "exec"), ns)      # noqa: S102
+    ok, why = cartpole_kl.kl_term_works([None, None, None, cartpole_kl.kl_probe(ns["kl_penalty_loss"])])
+    assert not ok and "does not work" in why
+    assert not cartpole_kl.kl_term_works([None, None, None])[0]          # no probe reported
+
+
+@pytest.mark.slow
+def test_issue25_item2_ex03_no_kl_loss_graded_scores_zero_on_q8(tmp_path):
+    cells = [c for c in master_cells("ex03_trpo_ppo") if not c.startswith("check(")]
+    r = grade_cells(tmp_path, "ex03_trpo_ppo", replace_function(cells, "kl_penalty_loss", NO_KL_LOSS))
+    q = question(r, "q8")
+    assert q["points"] == 0, q["messages"]
+    runs = [m for m in q["messages"][1:] if "a training run" in m]
+    # a run either ends and is refused for its loss, or (without the penalty, on a slow seed)
+    # takes more than its 30 s
+    assert len(runs) == 4 and any("KL term does not work" in m for m in runs), runs
+    assert all("KL term does not work" in m or "did not return within" in m or "timed out" in m for m in runs), runs
+
+
+def test_issue25_item3_ex05_one_batch_reused_loses_both_training_cases(tmp_path):
+    cells = [c for c in master_cells("ex05_kl_in_practice") if not c.startswith("check(") and "tt.dashboard" not in c]
+    k = next(i for i, c in enumerate(cells) if "def run_probe" in c)
+    old = "    for update in range(updates):\n        tokens, rows, mask = tt.sample(theta, batch, gen)\n"
+    assert old in cells[k]
+    cells[k] = cells[k].replace(old, "    tokens, rows, mask = tt.sample(theta, batch, gen)   # one batch for all\n"
+                                     "    for update in range(updates):\n")
+    r = grade_cells(tmp_path, "ex05_kl_in_practice", cells)
+    q = question(r, "q5")
+    runs = [m for m in q["messages"] if "a training run" in m]
+    assert len(runs) == 2 and all("every update trained on the same responses" in m for m in runs), q
+    assert q["points"] == pytest.approx(8.0), q          # the four parts keep their 2 points each
+
+
+def test_issue25_item3_every_fixed_run_has_fresh_batches_and_every_reused_one_not():
+    """The check that catches batch reuse, on the grader's seeds (11, 12), the public one (100)
+    and more: it never fails the fixed trainer and always fails one batch reused."""
+    from klbook_lib.tasks import token_trainer as tt
+
+    src = next(s for s in master_cells("ex05_kl_in_practice") if "def run_probe" in s)
+    reused = src.replace("    for update in range(updates):\n        tokens, rows, mask = tt.sample(theta, batch, gen)\n",
+                         "    tokens, rows, mask = tt.sample(theta, batch, gen)\n    for update in range(updates):\n")
+    fixed_ns, reused_ns = {}, {}
+    exec(compile(src, "<fixed>", "exec"), fixed_ns)        # noqa: S102
+    exec(compile(reused, "<reused>", "exec"), reused_ns)   # noqa: S102
+    for seed in (11, 12, 100, 0, 1, 2, 3):
+        assert tt.fresh_batches(fixed_ns["train"](seed))[0], seed
+        bad = reused_ns["train"](seed)
+        assert not tt.fresh_batches(bad)[0], seed
+        assert tt.judge_trust_region(bad)[0] == 0 and tt.judge_objective(bad)[0] == 0, seed
+
+
+MASK_IGNORING_GAE = '''def masked_gae(rewards, values, mask, gamma, lam):
+    rows = [gae(r, v, gamma, lam) for r, v in zip(np.asarray(rewards, float), np.asarray(values, float))]
+    return np.stack(rows) * np.asarray(mask, float)          # the mask only at the end
+'''
+
+
+def test_issue25_item4_ex07_masked_gae_ignoring_the_mask_scores_zero_on_q5(tmp_path):
+    cells = replace_function(quick(master_cells("ex07_token_level_kl")), "masked_gae", MASK_IGNORING_GAE)
+    r = grade_cells(tmp_path, "ex07_token_level_kl", cells)
+    _core_zero(r, "q5")
+    assert_trap(r, "q5", "right padding, pads not zeroed (values a value head would output)")
+    assert question(r, "q2")["points"] == question(r, "q2")["max_points"]
+
+
+def _mask_ignoring_rlhf_credit(seed: int) -> float:
+    from klbook_lib.tasks import micro_rlhf
+
+    ns = master_namespace("ex07_token_level_kl")
+    exec(compile(MASK_IGNORING_GAE, "<mask-ignoring>", "exec"), ns)      # noqa: S102
+    return micro_rlhf.judge_rlhf(micro_rlhf.train_rlhf(ns["per_token_rewards"], ns["masked_gae"], seed=seed),
+                                 eval_seed=700_000 + seed)[0]
+
+
+@pytest.mark.slow
+def test_issue25_item4_ex07_mask_ignoring_gae_fails_every_grader_seed():
+    assert [_mask_ignoring_rlhf_credit(s) for s in (0, 1, 2, 3)] == [0.0] * 4
+
+
+@pytest.mark.parametrize("variant", ["divides by T", "-inf pads unmasked"])
+def test_issue25_item5_ex11_kl_term_variants_score_zero(tmp_path, variant):
+    bodies = {
+        "divides by T": '''def grpo_kl_term(logp, ref_logp, mask, aggregation, max_tokens):
+    m = np.asarray(mask, float) > 0
+    d = np.where(m, np.asarray(ref_logp, float) - np.where(m, np.asarray(logp, float), 0.0), 0.0)
+    k3 = np.where(m, np.exp(d) - d - 1, 0.0)
+    if aggregation == "sequence_mean":
+        return float(np.mean(k3.sum(1) / m.shape[1]))      # padding counted in the mean
+    if aggregation == "token_mean":
+        return float(k3.sum() / m.sum())
+    return float(k3.sum() / (m.shape[0] * max_tokens))
+''',
+        "-inf pads unmasked": '''def grpo_kl_term(logp, ref_logp, mask, aggregation, max_tokens):
+    m = np.asarray(mask, float)
+    d = np.asarray(ref_logp, float) - np.asarray(logp, float)      # -inf on pads: NaN after * 0
+    k3 = (np.exp(d) - d - 1) * m
+    if aggregation == "sequence_mean":
+        return float(np.mean(k3.sum(1) / m.sum(1)))
+    if aggregation == "token_mean":
+        return float(k3.sum() / m.sum())
+    return float(k3.sum() / (m.shape[0] * max_tokens))
+'''}
+    ex = "ex11_sequence_kl_grpo"
+    r = grade_cells(tmp_path, ex, replace_function(master_cells(ex), "grpo_kl_term", bodies[variant]))
+    _core_zero(r, "q2")
+    probe = "sequence_mean, padded batch" if variant == "divides by T" else "token_mean, -inf on the pads"
+    assert_trap(r, "q2", probe)
+    assert question(r, "q1")["points"] == question(r, "q1")["max_points"]
+
+
+def test_issue25_item6_ex01_every_kl_from_logits_case_has_a_nonzero_kl():
+    """Item 6 (the all-zeros kl_from_logits graded: test_ex01_an_all_zeros_kl_from_logits_scores_zero
+    above): no case of q2 is all zeros, so returning zeros can pass none."""
+    from klbook_lib.grading.hidden import bank
+
+    q2 = next(q for q in bank.questions("ex01_kl_definition") if q.id == "q2")
+    assert all(np.abs(e).max() > 1e-3 for e in q2.expected())

@@ -345,16 +345,17 @@ def csv_rows(batch: dict) -> list[list[str]]:
     for st in batch["students"]:
         name = csv_cell(st.name)
         if st.error is not None:
-            rows.append([name, "", NOT_GRADED, "0", "", ""])
+            rows.append([name, "", NOT_GRADED, "0", "0", ""])
             continue
         if not st.submissions:
-            rows.append([name, "", NO_NOTEBOOK, "0", "", ""])
+            rows.append([name, "", NO_NOTEBOOK, "0", "0", ""])
             continue
         for sub in st.submissions:
             nb = csv_cell(sub.notebook)
             if not sub.graded:
                 mx = _max_points(sub.exercise)
-                rows.append([name, nb, NOT_GRADED, "0", "" if mx is None else _num(mx), ""])
+                # max: the exercise's points, or 0 when the file's name tells no exercise
+                rows.append([name, nb, NOT_GRADED, "0", _num(mx or 0.0), ""])
                 continue
             for q in sub.result["questions"]:
                 sec = q.get("seconds")

@@ -108,7 +108,12 @@ def _check_outcome(head: str, fn: Callable, q: dict) -> tuple[int, int]:
             continue
         passed += credit
         print(f"{head}: {check['why']}: credit {credit:g} of 1: {why}")
-    print(f"  (the grader runs {q['n_hidden']} hidden cases like these, on other seeds)")
+    runs = q.get("n_hidden_runs", q["n_hidden"])
+    others = q["n_hidden"] - runs
+    print(f"  (the grader runs {runs} training run{'s' if runs != 1 else ''} like "
+          f"{'these' if len(q['outcome_checks']) > 1 else 'this one'}, on seeds of its own"
+          + (f", and {others} hidden case{'s' if others != 1 else ''} of another kind: the function's "
+             "parts called on hidden inputs)" if others else ")"))
     return passed, len(q["outcome_checks"])
 
 

@@ -163,7 +163,10 @@ def normalise_choice(data: Any) -> str | None:
     return None
 
 
-def compare_choice(correct: str, got_data: Any, options: str) -> tuple[bool, str]:
+def compare_choice(correct: str, got_data: Any, options: str,
+                   explain: dict | None = None) -> tuple[bool, str]:
+    """Whether the chosen letter is ``correct``; a wrong letter's message says, in the sentence
+    ``explain[letter]`` if there is one, why that statement is wrong (not which one is right)."""
     letter = normalise_choice(got_data)
     if letter is None:
         return False, "no answer: set it to one of the letters " + ", ".join(options)
@@ -171,5 +174,6 @@ def compare_choice(correct: str, got_data: Any, options: str) -> tuple[bool, str
         return False, f"{letter!r} is not one of the options " + ", ".join(options)
     if letter == correct:
         return True, "ok"
-    return False, f"{letter} is not the right choice"
+    why = (explain or {}).get(letter, "")
+    return False, f"{letter} is not the right choice" + (f": {why}" if why else "")
 

@@ -572,14 +572,20 @@ def _score_question(q, expected, answer, unanswered: str) -> dict:
             out["messages"].append("the answers for the test cases are incomplete")
             return out
         passed = 0
+        core_failed: list[int] = []
         for i, (case, exp, res) in enumerate(zip(q.cases, expected, results)):
             label = f"{'public' if case.public else 'hidden'} case {i + 1}"
+            core = bool(getattr(case, "core", False))
             if case.public and case.why:
-                label += f" ({case.why})"
+                label += f" ({case.why}{', a core case' if core else ''})"
             elif getattr(case, "probe", ""):       # what a hidden case tests, not its answer
-                label += f" (probes: {case.probe})"
+                label += f" (probes: {case.probe}{', a core case' if core else ''})"
+            elif core:
+                label += " (a core case)"
             if "value" not in res:
                 out["messages"].append(f"{label}: {clean(res.get('error', 'no result'))}")
+                if core:
+                    core_failed.append(i + 1)
                 continue
             judge = getattr(q, "judge_case", None)  # outcome-graded cases (hidden/bank.py)
             if judge is not None:
@@ -588,12 +594,19 @@ def _score_question(q, expected, answer, unanswered: str) -> dict:
                 ok, why = compare.compare_numeric(exp, res["value"], q.rtol, q.atol, reveal=case.public)
                 credit = 1.0 if ok else 0.0
             passed += credit
+            if core and credit < 1:
+                core_failed.append(i + 1)
             if credit < 1 or getattr(case, "judge", None) is not None:
                 out["messages"].append(f"{label}: {clean(why, 500)}")
         full = getattr(q, "full_marks_at", None) or len(expected)   # e.g. 3 of 4 training seeds
-        out["points"] = q.points * min(1.0, passed / full)
-        out["messages"].insert(0, f"{_fmt(passed)}/{len(expected)} test cases passed"
-                               + (f" (full marks at {full})" if full < len(expected) else ""))
+        out["points"] = 0.0 if core_failed else q.points * min(1.0, passed / full)
+        head = (f"{_fmt(passed)}/{len(expected)} test cases passed"
+                + (f" (full marks at {full})" if full < len(expected) else ""))
+        if core_failed:
+            which = ", ".join(str(k) for k in core_failed)
+            head += (f"; no points: core case{'s' if len(core_failed) > 1 else ''} {which} failed (the"
+                     " question's points count only once its core cases pass)")
+        out["messages"].insert(0, head)
         return out
     if "value" not in answer:
         out["messages"].append(clean(answer.get("error", "no answer was reported")))
@@ -601,7 +614,7 @@ def _score_question(q, expected, answer, unanswered: str) -> dict:
     if q.kind == "value":
         ok, why = compare.compare_numeric(expected, answer["value"], q.rtol, q.atol, reveal=False)
     else:
-        ok, why = compare.compare_choice(expected, answer["value"], q.options)
+        ok, why = compare.compare_choice(expected, answer["value"], q.options, getattr(q, "explain", None))
     out["points"] = float(q.points) if ok else 0.0
     out["messages"].append("correct" if ok else clean(why, 500))
     return out
@@ -621,29 +634,37 @@ def _positive(name: str, value) -> float:
 # that a notebook built to blow up the JSON parser (millions of empty cells) costs the child,
 # never the grader. It writes the code cells' sources and the metadata's exercise as JSON.
 _PARSER = r"""
-import json, resource, sys
+import json, re, resource, sys
 resource.setrlimit(resource.RLIMIT_AS, (@BYTES@, @BYTES@))
 resource.setrlimit(resource.RLIMIT_CPU, (60, 60))
 try:
     nb = json.loads(sys.stdin.buffer.read().decode("utf-8"))
     if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
         raise ValueError("the notebook has no list of cells")
-    cells = []
-    for cell in nb["cells"]:
-        if not isinstance(cell, dict) or cell.get("cell_type") != "code":
+    cells, where, question = [], [], ""
+    for k, cell in enumerate(nb["cells"]):
+        if not isinstance(cell, dict):
             continue
         src = cell.get("source", "")
         if isinstance(src, list):
             src = "".join(s for s in src if isinstance(s, str))
+        if cell.get("cell_type") == "markdown" and isinstance(src, str):
+            head = re.match(r"\s*#+\s*(Question\s+\d+)\b", src)
+            question = head.group(1) if head else question
+            continue
+        if cell.get("cell_type") != "code":
+            continue
         if not isinstance(src, str):
             raise ValueError("a code cell's source is not text")
         cells.append(src)
+        where.append([k + 1, question])
     nb["cells"] = None
     try:
         meta = nb["metadata"]["klbook"]["exercise"]
     except (TypeError, KeyError, IndexError):
         meta = None
-    out = {"cells": cells, "meta": meta if isinstance(meta, str) else (None if meta is None else repr(meta)[:100])}
+    out = {"cells": cells, "where": where,
+           "meta": meta if isinstance(meta, str) else (None if meta is None else repr(meta)[:100])}
 except MemoryError:
     out = {"error": "it needs more than @TEXT@ of memory to parse"}
 except (ValueError, UnicodeDecodeError, RecursionError) as exc:
@@ -652,10 +673,11 @@ sys.stdout.write(json.dumps(out))
 """
 
 
-def read_notebook(raw: bytes) -> tuple[list[str], Any]:
+def read_notebook(raw: bytes, where: list | None = None) -> tuple[list[str], Any]:
     """The code cells of a notebook's bytes and its metadata's exercise (``None`` if it has
     none), parsed in a child process limited to :data:`PARSE_MEMORY_BYTES` of memory.
-    Raises ValueError with the reason when the notebook cannot be read."""
+    Raises ValueError with the reason when the notebook cannot be read. ``where``, if given, is
+    filled with the name of each code cell as the student sees it (:func:`cell_name`)."""
     code = _PARSER.replace("@TEXT@", f"{PARSE_MEMORY_BYTES >> 20} MB").replace(
         "@BYTES@", str(PARSE_MEMORY_BYTES))
     try:
@@ -670,7 +692,23 @@ def read_notebook(raw: bytes) -> tuple[list[str], Any]:
                         "nested to parse?)"}
     if not isinstance(out, dict) or "error" in out or not isinstance(out.get("cells"), list):
         raise ValueError(str(out.get("error", "malformed") if isinstance(out, dict) else "malformed"))
-    return [str(c) for c in out["cells"]], out.get("meta")
+    cells = [str(c) for c in out["cells"]]
+    if where is not None:
+        got = out.get("where")
+        ok = isinstance(got, list) and len(got) == len(cells)
+        where.extend(cell_name(i, got[i] if ok else None) for i in range(len(cells)))
+    return cells, out.get("meta")
+
+
+def cell_name(code_index: int, where: Any = None) -> str:
+    """How the feedback names the code cell ``code_index`` (0-based among the code cells): its
+    position among all the notebook's cells, markdown included, as the student counts them in
+    Jupyter, and the question whose heading it follows (``where = [position, "Question 3"]``)."""
+    try:
+        pos, question = int(where[0]), str(where[1])[:40]
+    except (TypeError, ValueError, IndexError):
+        return f"cell {code_index + 1}"
+    return f"cell {pos}" + (f" ({question})" if question else "")
 
 
 def cap(lines: list[str], limit: int, what: str = "notes") -> list[str]:
@@ -754,13 +792,14 @@ def grade(notebook: str | os.PathLike, exercise: str | None = None, timeout: flo
     notes: list[str] = []
     nb: Any = None
     cells: list[str] | None = None
+    names: list[str] = []
     raw = b""
     try:
         with open(path, "rb") as fh:
             raw = fh.read(MAX_NOTEBOOK_BYTES + 1)
         if len(raw) > MAX_NOTEBOOK_BYTES:
             raise ValueError(f"larger than {MAX_NOTEBOOK_BYTES >> 20} MB")
-        cells, meta = read_notebook(raw)
+        cells, meta = read_notebook(raw, names)
         nb = {"metadata": {"klbook": {"exercise": meta}}}
     except (ValueError, OSError) as exc:
         notes.append(f"the notebook could not be read ({clean(str(exc), 200)}); nothing was run")
@@ -801,7 +840,8 @@ def grade(notebook: str | os.PathLike, exercise: str | None = None, timeout: flo
             for i, why in session.cell_errors.items():
                 cell_errors.setdefault(i, why + (" (in the sandbox of the training tasks)" if k else ""))
         for i in sorted(cell_errors):
-            notes.append(f"code cell {i + 1} failed: {cell_errors[i]}")
+            where = names[i] if i < len(names) else cell_name(i)
+            notes.append(f"{where} failed: {cell_errors[i]}")
         for session, _ in sessions:
             notes.extend(n for n in session.notes + session.student_notes if n not in notes)
             if session.rejected:

@@ -14,7 +14,8 @@ student notebooks and ``public_cases.json`` afresh from the masters (what ``klbo
 make-student`` writes), and then **audits** the copy before it appears at ``OUTDIR``
 (:func:`audit`): no secret path, no notebook with a solution block, no line of a
 reference solution, no hidden expected value and no multiple-choice answer anywhere in
-it. If the audit finds anything, nothing is written and :class:`ReleaseError` says what.
+it, and no Python file whose text names a bug an exercise asks the student to find. If
+the audit finds anything, nothing is written and :class:`ReleaseError` says what.
 """
 from __future__ import annotations
 
@@ -220,7 +221,10 @@ def secrets(student_files: dict | None = None) -> dict:
                  prints them and to 6 significant digits (those with at least
                  :data:`MIN_DIGITS` significant digits, not in the public material);
     ``choices``  regular expressions of the multiple-choice answers (an assignment of the
-                 right letter to the answer's variable).
+                 right letter to the answer's variable);
+    ``bugs``     regular expressions of phrases that name a bug an exercise asks the student
+                 to find (``BUG_NAMES`` of an exercise's hidden module), looked for in the
+                 release's Python files (their docstrings and comments).
     """
     import numpy as np
 
@@ -277,7 +281,18 @@ def secrets(student_files: dict | None = None) -> dict:
                     for form in (repr(abs(x)), f"{abs(x):.6g}"):
                         if _significant(form) >= MIN_DIGITS and form not in public_numbers:
                             numbers.add(form)
-    return {"lines": sorted(lines), "numbers": numbers, "choices": choices}
+    bugs = [(m.EXERCISE, re.compile(pat, re.I)) for m in bank.MODULES for pat in getattr(m, "BUG_NAMES", ())]
+    return {"lines": sorted(lines), "numbers": numbers, "choices": choices, "bugs": bugs}
+
+
+def bug_names(text: str, bugs: list) -> list[str]:
+    """The phrases of ``text`` that name a bug of an exercise (``bugs`` from :func:`secrets`)."""
+    out = []
+    for exercise, pat in bugs:
+        m = pat.search(text)
+        if m:
+            out.append(f"{m.group(0)!r} names a bug of {exercise}")
+    return out
 
 
 def audit(folder: str | os.PathLike, found: dict | None = None) -> list[str]:
@@ -300,6 +315,8 @@ def audit(folder: str | os.PathLike, found: dict | None = None) -> list[str]:
                 problems.append(f"{rel}: a line of a reference solution: {line[:80]!r}")
         for num in sorted(_numbers(text) & found["numbers"]):
             problems.append(f"{rel}: a hidden expected value: {num}")
+        if path.suffix == ".py":
+            problems.extend(f"{rel}: {why}" for why in bug_names(text, found.get("bugs", [])))
         if path.suffix in (".py", ".ipynb"):
             for pat in found["choices"]:
                 m = pat.search(text)

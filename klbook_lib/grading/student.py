@@ -151,6 +151,7 @@ def public_cases() -> dict:
                 entry["cases"] = [{"why": c.why, "args": c.encoded_args(), "expected": encode(e)}
                                   for c, e in zip(q.cases, expected) if c.public]
                 entry["n_hidden"] = sum(not c.public for c in q.cases)
+                entry["n_hidden_runs"] = sum(c.judge is not None for c in q.cases)
                 if q.public_checks:
                     entry["outcome_checks"] = [dict(c) for c in q.public_checks]
             elif q.kind == "value":

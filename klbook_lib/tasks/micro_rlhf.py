@@ -44,6 +44,7 @@ RLHF_ITERATIONS = 30
 DPO_BETA = 0.5
 DPO_STEPS = 80
 EVAL_SAMPLES = 256
+PAD_JUNK, PAD_JUNK_SEED = 100.0, 7070
 RLHF_HISTORY = ("true_reward", "kl_exact_seq", "k1_seq", "clipfrac", "approx_kl_k3")
 DPO_HISTORY = ("loss", "reward_accuracy", "margin")
 
@@ -203,7 +204,9 @@ def train_rlhf(per_token_rewards: Callable, masked_gae: Callable, seed: int = 0,
 
     ``per_token_rewards(logprobs, ref_logprobs, scores, mask, beta)`` and
     ``masked_gae(rewards, values, mask, gamma, lam)`` take and return numpy arrays (exercise 7);
-    the returns fed to the value loss are ``(advantages + values) * mask``. Returns
+    ``masked_gae`` sees junk (normal, standard deviation :data:`PAD_JUNK`) in the rewards and
+    values of padded positions, as a value head's outputs there would be, so a GAE that reads
+    them does not train; the returns fed to the value loss are ``(advantages + values) * mask``. Returns
     ``[policy vector, history, [ref fingerprint]]``: the history has one row per iteration
     with the columns :data:`RLHF_HISTORY`, measured on that iteration's batch.
     """
@@ -222,9 +225,14 @@ def train_rlhf(per_token_rewards: Callable, masked_gae: Callable, seed: int = 0,
                                 _to_numpy(mask), float(b))
         return _from_student("per_token_rewards", out, tuple(logprobs.shape))
 
+    junk = np.random.default_rng(PAD_JUNK_SEED + seed)
+
     def advantage_fn(rewards, values, mask, gamma, lam):
-        adv = _from_student("masked_gae", masked_gae(_to_numpy(rewards), _to_numpy(values),
-                                                      _to_numpy(mask), float(gamma), float(lam)),
+        m = _to_numpy(mask) > 0
+        # padded positions hold junk, as a value head's outputs there are: GAE must not read them
+        r = np.where(m, _to_numpy(rewards), junk.normal(0, PAD_JUNK, m.shape))
+        v = np.where(m, _to_numpy(values), junk.normal(0, PAD_JUNK, m.shape))
+        adv = _from_student("masked_gae", masked_gae(r, v, m.astype(np.float64), float(gamma), float(lam)),
                             tuple(rewards.shape))
         return adv, (adv + values) * mask.float()
 
@@ -258,8 +266,8 @@ def measure_policy(pipeline, policy, n: int = EVAL_SAMPLES, seed: int = 0) -> di
 
 
 #: What a graded RLHF run must reach. The reference runs gain about 0.9 in true reward at a KL
-#: of about 2 nats; the same run without the KL penalty reaches KL 5 to 8, with the score on a
-#: pad it gains nothing (tests/test_tasks.py).
+#: of about 2 nats; the same run without the KL penalty reaches KL 5 to 8, and with the score
+#: paid on the wrong token it gains nothing (tests/test_tasks.py).
 RLHF_REWARD_GAIN = 0.6      # mean true reward above pi_ref's
 RLHF_MAX_KL = 3.5           # nats per response
 

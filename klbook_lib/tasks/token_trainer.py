@@ -156,12 +156,29 @@ def dashboard(run, title: str = "training run"):
 
 
 #: Checks of a patched run. The fixed trainer's largest update KL is 0.12 to 0.26 and its last
-#: five policies close 94 to 97 per cent of the gap to J* (ten seeds); with stale old log-probs the
-#: clip fraction is exactly 0, and with the score on a pad, or the KL averaged over positions, the
-#: gap closed stays near 80 per cent (tests/test_tasks.py).
+#: five policies close 94 to 97 per cent of the gap to J* (ten seeds); each bug of the exercise
+#: fails one of these checks or its own probe (the instructor's tests/test_exercise_traps.py).
 MAX_UPDATE_KL = 0.4
 MIN_GAP_CLOSED = 0.85
 LAST = 5
+
+
+def fresh_batches(run) -> tuple[bool, str]:
+    """Whether the updates of a run trained on fresh samples: some update after the first changed
+    a row of ``theta`` (a prefix) that the first left alone. On-policy PPO samples a new batch from
+    the current policy at every update, so over 30 updates it reaches prefixes the first batch
+    missed; a run that reuses one batch changes only the rows that batch visits (a row without
+    gradient stays put under Adam). A first update that changed every row cannot tell: it passes."""
+    snaps, _ = _snapshots(run)
+    moved = (snaps[1:] - snaps[:-1]).abs().amax(-1) > 0          # [updates, prefixes]
+    first = moved[0]
+    if bool(first.all()) or len(moved) < 2:
+        return True, "fresh samples: cannot tell"
+    if bool((moved[1:] & ~first).any()):
+        return True, "fresh samples at every update"
+    return False, (f"after the first update no update changed a prefix the first left alone "
+                   f"({int(first.sum())} of {len(first)} prefixes): every update trained on the same "
+                   "responses (on-policy PPO samples a fresh batch from the current policy at every update)")
 
 
 def _gap_closed(c: dict) -> float:
@@ -171,24 +188,26 @@ def _gap_closed(c: dict) -> float:
 
 def judge_trust_region(run) -> tuple[float, str]:
     """Credit 1 if every update's exact ``KL(pi_old || pi_new)`` is at most :data:`MAX_UPDATE_KL`,
-    the clip fraction was positive on average but below one half (the clip acted), and the run
-    made progress (half of the gap to the best ``J`` closed): a run that never moves has tiny
-    updates too."""
+    the clip fraction was positive on average but below one half (the clip acted), the run
+    made progress (half of the gap to the best ``J`` closed: a run that never moves has tiny
+    updates too) and its updates trained on fresh samples (:func:`fresh_batches`)."""
     try:
         c = evaluate_run(run)
     except (TypeError, ValueError, IndexError) as exc:
         return 0.0, f"not a training run [snapshots, clip fractions]: {exc}"
     worst, frac, closed = float(c["update_kl"].max()), float(c["clip_frac"].mean()), _gap_closed(c)
-    ok = worst <= MAX_UPDATE_KL and 0.0 < frac < 0.5 and closed >= 0.5
+    fresh, why = fresh_batches(run)
+    ok = worst <= MAX_UPDATE_KL and 0.0 < frac < 0.5 and closed >= 0.5 and fresh
     return float(ok), (f"largest KL of one update {worst:.3g} (needs <= {MAX_UPDATE_KL:g}), mean clip "
                        f"fraction {frac:.3f} (needs to lie strictly between 0 and 0.5), "
-                       f"{closed:.0%} of the gap to the best J closed (needs 50%)")
+                       f"{closed:.0%} of the gap to the best J closed (needs 50%)"
+                       + ("" if fresh else f"; {why}"))
 
 
 def judge_objective(run) -> tuple[float, str]:
     """Credit 1 if the mean exact ``J`` of the last :data:`LAST` policies closes at least
-    :data:`MIN_GAP_CLOSED` of the gap between the reference's ``J`` and the best ``J``, and the
-    run started from the reference policy."""
+    :data:`MIN_GAP_CLOSED` of the gap between the reference's ``J`` and the best ``J``, the
+    run started from the reference policy and trained on fresh samples (:func:`fresh_batches`)."""
     try:
         c = evaluate_run(run)
     except (TypeError, ValueError, IndexError) as exc:
@@ -197,11 +216,13 @@ def judge_objective(run) -> tuple[float, str]:
     j_end = float(np.mean(c["J"][-LAST:]))
     closed = (j_end - j0) / (best - j0)
     start_ok = bool(np.allclose(np.asarray(run[0], dtype=np.float64)[0], reference_logits().numpy()))
-    ok = closed >= MIN_GAP_CLOSED and start_ok
+    fresh, why = fresh_batches(run)
+    ok = closed >= MIN_GAP_CLOSED and start_ok and fresh
     return float(ok), (f"mean J of the last {LAST} policies {j_end:.3f}: {closed:.0%} of the way from the "
                        f"reference's {j0:.3f} to the best {best:.3f} (needs {MIN_GAP_CLOSED:.0%}), exact KL "
                        f"to pi_ref at the end {c['kl'][-1]:.3f}"
-                       + ("" if start_ok else "; the run did not start from the reference policy"))
+                       + ("" if start_ok else "; the run did not start from the reference policy")
+                       + ("" if fresh else f"; {why}"))
 
 
 def prepare(part: str, args: list) -> list:

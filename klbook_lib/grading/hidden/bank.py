@@ -9,10 +9,12 @@ and is what the grader, ``klbook make-student`` and the release use:
 """
 from __future__ import annotations
 
+import dataclasses
 from types import ModuleType
 
 from klbook_lib.grading.hidden import (ex01, ex02, ex03, ex04, ex05, ex06, ex07, ex08, ex09, ex10,
                                        ex11_sequence, ex12, ex13, ex14)
+from klbook_lib.grading.hidden.choices import EXPLAIN
 from klbook_lib.grading.hidden.questions import Question
 
 # in the order the grader has always listed them (ex14, the review, used to come after ex10)
@@ -27,7 +29,10 @@ def exercise_names() -> list[str]:
 
 
 def questions(exercise: str) -> list[Question]:
-    """The questions of one exercise; ValueError for an unknown name."""
+    """The questions of one exercise, each choice question with its reasons why a wrong letter
+    is wrong (:data:`klbook_lib.grading.hidden.choices.EXPLAIN`); ValueError for an unknown name."""
     if exercise not in REGISTRY:
         raise ValueError(f"exercise: unknown exercise {exercise!r}")
-    return REGISTRY[exercise].questions()
+    return [dataclasses.replace(q, explain=EXPLAIN[(exercise, q.id)])
+            if q.kind == "choice" and (exercise, q.id) in EXPLAIN else q
+            for q in REGISTRY[exercise].questions()]

@@ -24,12 +24,18 @@ CARTPOLE_CELLS = ("klbook_lib.tasks.cartpole_kl",)
 def questions() -> list[Question]:
     rng = np.random.default_rng(303)
     adapt = [
-        pub(1.0, 0.05, 0.01, why="KL far above target"),
-        pub(1.0, 0.001, 0.01, why="KL far below target"),
+        pub(1.0, 0.05, 0.01, why="KL far above target", core=True),
+        pub(1.0, 0.001, 0.01, why="KL far below target", core=True),
         pub(0.5, 0.012, 0.01, why="KL near target"),
         hid(0.3, 0.0149, 0.01, probe="just inside the band"), hid(0.3, 0.0151, 0.01, probe="just above the band"),
         hid(0.3, 0.0068, 0.01, probe="just inside the band"), hid(0.3, 0.0066, 0.01, probe="just below the band"),
         hid(2.0, 1.0, 0.02), hid(2.0, 0.0, 0.02, probe="a KL of exactly 0"),
+        # other targets, near their own band (a rule with the target written in as 0.01 fails
+        # them: it would double at 0.02 and 0.029, keep beta at 0.012, halve at 0.0014)
+        hid(0.3, 0.02, 0.02, probe="another target: KL on it", core=True),
+        hid(0.3, 0.029, 0.02, probe="another target: just inside its band", core=True),
+        hid(0.3, 0.012, 0.02, probe="another target: just below its band", core=True),
+        hid(0.3, 0.0014, 0.002, probe="another target: just inside its band", core=True),
     ]
     prop = [
         pub(0.2, 6.0, 6.0, 256, 10000, why="KL on target"),
@@ -71,7 +77,7 @@ def questions() -> list[Question]:
     ]
     seeds = (0, 1, 3, 4)
     train = [task(s, judge=task_judge("klbook_lib.tasks.cartpole_kl", "judge", eval_seed=900_000 + s),
-                   probe=f"training seed {s}") for s in seeds]
+                   probe="a training run on a seed of the grader's") for s in seeds]
     return [
         Question("q1", "PPO's adaptive KL coefficient", "function", "adaptive_beta_update", 3,
                  R.adaptive_beta_update, tuple(adapt)),

@@ -18,6 +18,13 @@ A = np.array
 
 TOKEN_TRAINER_LIBRARY = ("klbook_lib.seqkl", "klbook_lib.tasks")
 
+#: Phrases that name a bug of the broken trainer (question 5), as regular expressions (case
+#: ignored). The release's audit refuses a Python file of the student edition whose docstrings
+#: or comments contain one (``klbook_lib.grading.release``): finding the bugs is the exercise.
+BUG_NAMES = (r"stale\W+old\W+log", r"old\W+log-?probs?\W+(are\W+)?stale", r"score\W+on\W+a\W+pad",
+             r"averag\w*\W+over\W+(the\W+)?positions", r"flipped\W+ratio",
+             r"ratio\W+(is\W+)?flipped", r"(forgot|forgets|without|missing|drops?)\W+the\W+temperature")
+
 
 @functools.lru_cache(maxsize=1)
 def trainer_probes() -> tuple:

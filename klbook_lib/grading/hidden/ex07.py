@@ -64,7 +64,14 @@ def questions() -> list[Question]:
     mg.append(hid(rng.normal(0, 1, (5, 8)) * m2, rng.normal(0, 1, (5, 8)) * m2, m2, 1.0, 0.95))
     m3 = padded_mask(rng, 4, 6)
     mg.append(hid(_junk(m3, rng.normal(0, 1, (4, 6))), _junk(m3, rng.normal(0, 1, (4, 6))), m3, 1.0, 0.95,
-                   probe="junk rewards and values on padded positions"))
+                   probe="junk rewards and values on padded positions", core=True))
+    # a value head outputs something on pads too: the pads hold ordinary-looking numbers
+    m6 = padded_mask(rng, 5, 7)
+    mg.append(hid(rng.normal(0, 1, (5, 7)), rng.normal(0, 1, (5, 7)), m6, 1.0, 0.95,
+                   probe="right padding, pads not zeroed (values a value head would output)", core=True))
+    m7 = padded_mask(rng, 4, 6)[:, ::-1].copy()
+    mg.append(hid(rng.normal(0, 1, (4, 6)), rng.normal(0, 1, (4, 6)), m7, 0.99, 0.95,
+                   probe="left padding, pads not zeroed", core=True))
     m4 = padded_mask(rng, 3, 5)
     m4[2] = 0.0
     mg.append(hid(rng.normal(0, 1, (3, 5)) * m4, rng.normal(0, 1, (3, 5)) * m4, m4, 0.99, 0.9,
@@ -75,7 +82,7 @@ def questions() -> list[Question]:
     lp3 = np.log(A([0.6, 0.2, 0.1, 0.1]))
     lr3 = np.log(A([0.25, 0.25, 0.25, 0.25]))
     train = [task(s, judge=task_judge("klbook_lib.tasks.micro_rlhf", "judge_rlhf", eval_seed=700_000 + s),
-                   probe=f"training seed {s}") for s in (0, 1, 2, 3)]
+                   probe="a training run on a seed of the grader's") for s in (0, 1, 2, 3)]
     return [
         Question("q1", "Per-token rewards", "function", "per_token_rewards", 4,
                  R.per_token_rewards, tuple(tok)),

@@ -44,7 +44,7 @@ def questions() -> list[Question]:
              probe="logits of size 3000: exp overflows"),
     ]
     train = [task(s, judge=task_judge("klbook_lib.tasks.micro_rlhf", "judge_dpo", eval_seed=800_000 + s),
-                   probe=f"training seed {s}") for s in (0, 1, 2, 3)]
+                   probe="a training run on a seed of the grader's") for s in (0, 1, 2, 3)]
     return [
         Question("q1", "The DPO loss", "function", "dpo_loss", 4, R.dpo_loss, tuple(dpo),
                  rtol=1e-6, atol=1e-9),

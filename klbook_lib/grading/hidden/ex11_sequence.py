@@ -23,7 +23,8 @@ def grpo_token_advantages(rewards, mask, group_size) -> np.ndarray:
     """GRPO's advantage of every token: (r - group mean) / (group sample std + 1e-4), 0 on pads.
 
     ``rewards`` is (B,), ``mask`` (B, T) with 1 on real tokens (either padding side),
-    groups are ``group_size`` consecutive rows. A group of equal rewards gets 0.
+    groups are ``group_size`` consecutive rows. A group of equal rewards gets 0, and so does a
+    group of one response (its sample std is undefined; its reward equals its group's mean).
     """
     r = np.asarray(rewards, float)
     m = np.asarray(mask, float)
@@ -31,6 +32,8 @@ def grpo_token_advantages(rewards, mask, group_size) -> np.ndarray:
     out = np.zeros_like(m)
     for start in range(0, len(r), G):
         g = r[start:start + G]
+        if len(g) < 2:
+            continue
         adv = (g - g.mean()) / (g.std(ddof=1) + ADV_EPS)
         out[start:start + G] = adv[:, None] * m[start:start + G]
     return out
@@ -42,7 +45,9 @@ def grpo_kl_term(logp, ref_logp, mask, aggregation, max_tokens) -> float:
     ``"sequence_mean"``: mean over each sequence's real tokens, then over sequences (GRPO);
     ``"token_mean"``: sum over all real tokens / their number (DAPO);
     ``"constant"``: sum over all real tokens / (B * max_tokens) (Dr. GRPO). Pads may hold
-    anything (also -inf).
+    anything (also -inf). A row without real tokens adds 0 (its count of real tokens is taken
+    as at least 1, and it still counts as a sequence of the batch); a batch without any real
+    token gives 0.
     """
     lp = np.asarray(logp, float)
     lq = np.asarray(ref_logp, float)
@@ -50,9 +55,9 @@ def grpo_kl_term(logp, ref_logp, mask, aggregation, max_tokens) -> float:
     d = np.where(m, lq - np.where(m, lp, 0.0), 0.0)
     k3 = np.where(m, np.expm1(d) - d, 0.0)
     if aggregation == "sequence_mean":
-        return float(np.mean(k3.sum(1) / m.sum(1)))
+        return float(np.mean(k3.sum(1) / np.maximum(m.sum(1), 1)))
     if aggregation == "token_mean":
-        return float(k3.sum() / m.sum())
+        return float(k3.sum() / max(m.sum(), 1))
     if aggregation == "constant":
         return float(k3.sum() / (m.shape[0] * int(max_tokens)))
     raise ValueError(f"aggregation: must be one of {AGGREGATIONS}, got {aggregation!r}")
@@ -120,7 +125,7 @@ def questions() -> list:
         pub(A([[-1.0, -2.0, 0.0]]), A([[-1.0, -2.0, 0.0]]), A([[1.0, 1.0, 0.0]]), "sequence_mean", 3,
              why="policy equals reference: 0"),
         pub(A([[-1.0, -0.5], [-2.0, 0.0]]), A([[-0.5, -1.0], [-1.0, 0.0]]), A([[1.0, 1.0], [1.0, 0.0]]),
-             "sequence_mean", 2, why="GRPO: per-sequence mean, then mean"),
+             "sequence_mean", 2, why="GRPO: per-sequence mean, then mean", core=True),
         pub(A([[-1.0, -0.5], [-2.0, 0.0]]), A([[-0.5, -1.0], [-1.0, 0.0]]), A([[1.0, 1.0], [1.0, 0.0]]),
              "token_mean", 2, why="DAPO: mean over all real tokens"),
         pub(A([[-1.0, -0.5], [-2.0, 0.0]]), A([[-0.5, -1.0], [-1.0, 0.0]]), A([[1.0, 1.0], [1.0, 0.0]]),
@@ -129,8 +134,9 @@ def questions() -> list:
     for agg in AGGREGATIONS:
         m = _mask(rng, 6, 8)
         lp = rng.uniform(-5, -0.05, (6, 8))
-        kl.append(hid(lp, lp + rng.normal(0, 0.7, (6, 8)), m, agg, 10, probe=f"{agg}, padded batch"))
-        kl.append(hid(lp_junk, lq_junk, junk, agg, 7, probe=f"{agg}, -inf on the pads"))
+        kl.append(hid(lp, lp + rng.normal(0, 0.7, (6, 8)), m, agg, 10, probe=f"{agg}, padded batch",
+                      core=True))
+        kl.append(hid(lp_junk, lq_junk, junk, agg, 7, probe=f"{agg}, -inf on the pads", core=True))
     grad = [
         pub(np.zeros((3, 2)), np.zeros((3, 2)), why="pi_theta = pi_ref: zero gradient"),
         pub(A([[1.0, 0.0], [0.0, 0.0], [0.5, -0.5]]), np.zeros((3, 2)), why="two tokens, uniform reference"),
