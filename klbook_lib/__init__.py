@@ -22,6 +22,7 @@ The book and the library speak the same names: each module is one idea of the bo
     stats         confidence intervals across seeds and the seed standard's asserts
     optim         optimisers for seed-batched (ensemble) parameters
     bench         benchmarks run from the command line (``python -m klbook_lib.bench``)
+    shape         the shape of the KL-regularised optimum, entropy collapse, moving anchors, preference links
 
 Submodules are imported on first use, so ``import klbook_lib as kb`` is cheap and
 ``kb.divergences.kl`` works. The most used functions are also available at the top:
@@ -37,7 +38,7 @@ __version__ = "0.1.0"
 _SUBMODULES = (
     "divergences", "estimators", "fitting", "controllers", "envs", "ppo", "monitor",
     "rlhf", "dpo", "runtime", "grading", "optimal", "vi", "trpo", "display",
-    "seqkl", "diagnostics", "stats", "optim", "bench", "offpolicy",
+    "seqkl", "diagnostics", "stats", "optim", "bench", "offpolicy", "shape",
 )
 
 
