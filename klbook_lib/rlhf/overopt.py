@@ -33,9 +33,12 @@ Proxy reward models and sample pools (cached next to the pipeline)
 ``sample_pool(pipe, prompts, m, ...)``  ``m`` responses from ``pi_ref`` per prompt, cached
 ``gold_reward_model(rm, tok, prompts)``  a drop-in "reward model" that scores the true reward
 ``rl_history(pipe, proxy, beta, steps, seed)``  a PPO run against a proxy (or the gold), cached
+``rl_seed_histories(pipe, proxy, beta, steps, seeds)``  the same on many seeds in one process
+                                   (:func:`klbook_lib.rlhf.seeds.train_seeds`), cached together
 """
 from __future__ import annotations
 
+import copy
 import json
 import math
 from dataclasses import dataclass
@@ -50,7 +53,7 @@ from .pipeline import atomic_build, cache_dir_for, cached_json
 __all__ = [
     "bon_kl_bound", "bon_distribution", "bon_kl", "bon_weights", "bon_estimate",
     "ScalingFit", "fit_bon", "fit_rl", "train_proxy_reward_model", "sample_pool",
-    "gold_reward_model", "rl_history", "RL_KEYS",
+    "gold_reward_model", "rl_history", "rl_seed_histories", "RL_KEYS",
 ]
 
 
@@ -243,7 +246,9 @@ def train_proxy_reward_model(pipe, n_pairs: int, steps: int | None = None, batch
     the steps, batch size and learning rate default to the pipeline's settings, so proxies
     differ only in how many labelled pairs they saw (several epochs over a small set).
     Returns ``(reward_model, info)``; ``info`` has ``n_pairs``, ``heldout_accuracy`` (on the
-    pipeline's held-out pairs) and ``seconds``.
+    pipeline's held-out pairs) and ``seconds``. Asked for all the training pairs with the
+    pipeline's own settings and seed, the proxy *is* the pipeline's reward model: a copy of
+    it is returned without training it again (``info["pipeline_reward_model"]``).
     """
     from . import pipeline as P
     from .models import ScalarHeadModel
@@ -259,6 +264,14 @@ def train_proxy_reward_model(pipe, n_pairs: int, steps: int | None = None, batch
     if not lr > 0:
         raise ValueError(f"lr: must be positive, got {lr}")
     settings = dict(n_pairs=n_pairs, steps=steps, batch_size=batch_size, lr=lr, seed=int(seed))
+    if (n_pairs == len(pipe.train_pairs) and (steps, batch_size, lr) == (s["rm_steps"], s["rm_batch"], s["rm_lr"])
+            and int(seed) == pipe.seed and pipe.init_from is None):
+        # exactly the pipeline's own reward model (same data, settings, start and seed): no retraining
+        rm = copy.deepcopy(pipe.reward_model).eval()
+        for p in rm.parameters():
+            p.requires_grad_(False)
+        return rm, {**settings, "heldout_accuracy": float(pipe.metrics["rm_heldout_accuracy"]), "seconds": 0.0,
+                    "pipeline_reward_model": True}
     here = Path(P.__file__).parent
     final = cache_dir_for("proxy-rm", pipe, settings, [here / "reward_model.py", __file__])
 
@@ -394,3 +407,51 @@ def rl_history(pipe, proxy, beta: float, steps: int, seed: int = 0, config=None,
 
     return cached_json("rl", pipe, settings, compute,
                        [here / "ppo.py", here / "rewards.py", here / "reward_model.py", __file__])
+
+
+def _proxy_model(pipe, proxy):
+    if proxy == "gold":
+        return gold_reward_model(pipe.reward_model, pipe.tokenizer, pipe.prompts)
+    rm, _ = train_proxy_reward_model(pipe, proxy)
+    return rm
+
+
+def rl_seed_histories(pipe, proxy, beta: float, steps: int, seeds: Sequence[int], config=None) -> list[dict]:
+    """PPO-RLHF against a proxy (or ``"gold"``) on every seed of ``seeds``; cached as one entry.
+
+    The runs are those of :func:`rl_history` (policy a copy of ``pi_ref``, value model a copy
+    of the reward model, fixed ``beta``), trained by :func:`klbook_lib.rlhf.seeds.train_seeds`
+    with every speed-up on (sampler KV cache, ``log pi_old`` from the sampler, fused GELU),
+    which gives each seed the run it would have alone. Returns one dict of lists per seed,
+    with the keys of :data:`RL_KEYS`, in the order of ``seeds``.
+    """
+    import dataclasses
+
+    from . import ppo
+    from .seeds import train_seeds
+
+    if proxy != "gold":
+        proxy = _check_n(proxy, "proxy")
+    beta = float(beta)
+    if not beta >= 0:
+        raise ValueError(f"beta: must be >= 0, got {beta}")
+    steps = _check_n(steps, "steps")
+    if isinstance(seeds, (str, bytes)) or not all(isinstance(x, (int, np.integer)) for x in seeds):
+        raise ValueError(f"seeds: must be a sequence of integers, got {seeds!r}")
+    seeds = [int(x) for x in seeds]
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds: need at least one seed, all distinct, got {seeds}")
+    cfg = config or ppo.PPOConfig()
+    if cfg.reward_fn is not None or cfg.advantage_fn is not None:
+        raise ValueError("config: pluggable reward_fn/advantage_fn runs are not cached; call seeds.train_seeds")
+    settings = dict(proxy=proxy, beta=beta, steps=steps, seeds=seeds,
+                    config={k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("reward_fn", "advantage_fn")})
+    here = Path(ppo.__file__).parent
+
+    def compute() -> dict:
+        run_pipe = dataclasses.replace(pipe, reward_model=_proxy_model(pipe, proxy))
+        hists = train_seeds(run_pipe, seeds, beta=beta, steps=steps, config=cfg, fast=True)
+        return {"runs": [{k: [float(it[k]) for it in h] for k in RL_KEYS} for h in hists]}
+
+    code = [here / "ppo.py", here / "rewards.py", here / "reward_model.py", here / "seeds.py", __file__]
+    return cached_json("rl-seeds", pipe, settings, compute, code)["runs"]
