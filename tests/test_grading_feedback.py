@@ -109,7 +109,9 @@ def test_item10_a_failing_cell_is_named_by_its_position_and_question(tmp_path):
     nb.cells = [c for c in nb.cells if not (c.cell_type == "code" and "def train_cartpole" in c.source)]
     path = tmp_path / "ex03_trpo_ppo.ipynb"
     nbformat.write(nb, path)
-    notes = grade(path)["notes"]
+    result = grade(path)
+    notes = result["notes"]
+    assert result["exercise"] == "ex03_trpo_ppo"               # the note's name is not the exercise's
     assert f"cell {k + 1} (Question 6) failed: ValueError: boom" in notes, notes
     code_index = sum(c.cell_type == "code" for c in nb.cells[:k + 1])
     assert code_index != k + 1 and not any(n.startswith(f"cell {code_index} ") for n in notes)
