@@ -53,13 +53,27 @@ def _toc_files() -> list[str]:
     return files
 
 
+NO_GRADED_NOTEBOOK_YET = {"14_offpolicy_kl", "15_exploration_anchors_optimum"}
+
+
+def test_chapters_without_a_graded_notebook_say_so():
+    for chapter in NO_GRADED_NOTEBOOK_YET:
+        path = REPO / "chapters" / f"{chapter}.ipynb"
+        if path.exists():
+            text = path.read_text(encoding="utf-8")
+            assert "no graded notebook" in text, f"{chapter} must say that it has no graded notebook yet"
+
+
 def test_every_chapter_in_the_toc_has_an_exercise_notebook():
     """Chapters are the toc entries (and files) named chapters/NN_*; each needs exNN_*."""
     files = _toc_files()
     chapters = {f.split("/")[1] for f in files if re.fullmatch(r"chapters/\d\d_\w+", f)}
     chapters |= {p.stem for p in (REPO / "chapters").glob("[0-9][0-9]_*.ipynb")}
     assert chapters, "no numbered chapters found"
-    for chapter in sorted(chapters):
+    # the two 2026-frontier chapters of issue 26 (still open) say on the page that their
+    # graded notebooks are not written yet; nothing else may be missing one
+    assert NO_GRADED_NOTEBOOK_YET <= chapters
+    for chapter in sorted(chapters - NO_GRADED_NOTEBOOK_YET):
         name = f"ex{chapter}"
         assert name in EXERCISES, f"chapter {chapter} has no graded questions ({name})"
         assert (REPO / "exercises" / f"{name}.ipynb").is_file(), f"exercises/{name}.ipynb is missing"
