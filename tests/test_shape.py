@@ -159,3 +159,12 @@ def test_fit_preference_bandit_dpo_matches_the_closed_form_on_full_coverage():
     l = 1 - c
     pi = sh.fit_preference_bandit([0.5, 0.5], c, l, 0.5, "dpo", steps=2000, lr=0.05)
     assert abs(0.5 * np.log(pi[0] / pi[1]) - np.log(70 / 30)) < 1e-3
+
+
+def test_f_dpo_links_match_trls_scores_up_to_a_constant():
+    # TRL 1.10.0.dev0 (dpo_trainer.py): js_divergence scores logsigmoid(log z), forward_kl -exp(-log z)
+    lw = torch.tensor([-0.4, 1.2, 0.3], dtype=torch.float64)
+    ll = torch.tensor([0.5, -2.0, 0.3], dtype=torch.float64)
+    js = torch.nn.functional.logsigmoid
+    assert torch.allclose(sh.link(lw, "js") - sh.link(ll, "js"), js(lw) - js(ll))
+    assert torch.allclose(sh.link(lw, "forward_kl") - sh.link(ll, "forward_kl"), -torch.exp(-lw) + torch.exp(-ll))
