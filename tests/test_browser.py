@@ -751,9 +751,9 @@ CODE_FRACTIONS: dict[str, float] = {}
 @pytest.mark.parametrize("rel", _chapter_pages())
 def test_visible_code_fraction_at_1366px(browser, server, rel, record_property):
     """Visible code (code cell sources not behind a toggle) as a fraction of the chapter's
-    height at 1366 px, printed for every chapter. The 25 % target of issue 24 is asserted
-    only with KLBOOK_ASSERT_CODE_FRACTION=1, until the chapters' checks are folded
-    (tools/fold_checks.py)."""
+    height at 1366 px, printed for every chapter, and at most the 25 % target of issue 24
+    (the chapters' checks are folded by tools/fold_checks.py; KLBOOK_ASSERT_CODE_FRACTION=0
+    only prints the fractions, for a draft)."""
     page, errors = _open(browser, urljoin(server, rel), LAPTOP)
     try:
         info = page.evaluate(CODE_FRACTION_JS)
@@ -763,7 +763,7 @@ def test_visible_code_fraction_at_1366px(browser, server, rel, record_property):
     record_property("visible_code_fraction", round(info["fraction"], 3))
     print(f"\n{rel}: visible code {info['code']} of {info['height']} px = {100 * info['fraction']:.1f} %")
     assert info["height"] > 0
-    if os.environ.get("KLBOOK_ASSERT_CODE_FRACTION") == "1":
+    if os.environ.get("KLBOOK_ASSERT_CODE_FRACTION", "1") != "0":
         assert info["fraction"] <= CODE_FRACTION_TARGET, \
             f"{rel}: visible code is {100 * info['fraction']:.1f} % of the page (target {100 * CODE_FRACTION_TARGET:.0f} %)"
 
