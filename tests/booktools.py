@@ -160,7 +160,8 @@ def draws_figure(code: str) -> bool:
 
 def hide_input_problems(nb) -> list[str]:
     """Cells that draw a figure and assert nothing must carry the 'hide-input' tag, and
-    a cell that asserts (a claim's check) must not hide its code."""
+    a cell that asserts (a claim's check) must not hide its code, except behind the
+    check fold ('klbook-check', whose toggle reads "Show the check")."""
     problems = []
     for i, cell in enumerate(nb.cells):
         if cell.cell_type != "code":

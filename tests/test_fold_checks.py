@@ -180,5 +180,11 @@ def test_fold_to_budget_folds_the_longest_cells_first_and_spares_klbook_show():
     assert mixed["cells"][2]["metadata"]["tags"] == ["klbook-check"]
     assert fold.fold_to_budget(mixed, budget=0.01) == [1]
     assert mixed["cells"][1]["metadata"]["tags"] == ["hide-input"]
+    # a long cell with a single assert in it still folds as a check
+    asserting = {"cells": [{"cell_type": "markdown", "source": "words", "metadata": {}},
+                           {"cell_type": "code", "source": long_src + "\nassert x1 == 1", "metadata": {},
+                            "outputs": []}]}
+    assert fold.fold_to_budget(asserting, budget=0.01) == [1]
+    assert asserting["cells"][1]["metadata"]["tags"] == ["klbook-check"]
     with pytest.raises(ValueError, match="budget"):
         fold.fold_to_budget(nb, budget=1.5)

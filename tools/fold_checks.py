@@ -192,11 +192,19 @@ def predicted_code_fraction(nb: dict) -> float:
     return code / (code + rest)
 
 
+def _asserts(source: str) -> bool:
+    try:
+        return any(isinstance(node, ast.Assert) for node in ast.walk(ast.parse(source)))
+    except SyntaxError:
+        return False
+
+
 def fold_to_budget(nb: dict, budget: float = 0.2) -> list[int]:
     """Fold visible code cells until :func:`predicted_code_fraction` <= ``budget``.
 
-    The cells that are most bookkeeping go first (a cell at least a third assert/glue lines
-    is folded as a check, ``klbook-check``), then the longest (``hide-input``). Changes
+    The cells that are most bookkeeping go first, then the longest. A cell that asserts
+    anything, or is at least a third assert/glue lines, is folded as a check
+    (``klbook-check``: "Show the check"), any other as ``hide-input``. Changes
     ``nb`` in place; returns the indices of the cells folded. Cells tagged ``klbook-show``
     are never folded.
     """
@@ -211,7 +219,9 @@ def fold_to_budget(nb: dict, budget: float = 0.2) -> list[int]:
     for i in order:
         if predicted_code_fraction(nb) <= budget:
             break
-        checks = bookkeeping_fraction(_source(cells[i])) >= 1 / 3
+        src = _source(cells[i])
+        # a cell that asserts a claim folds as a check (its toggle says so), never hide-input
+        checks = bookkeeping_fraction(src) >= 1 / 3 or _asserts(src)
         cells[i].setdefault("metadata", {}).setdefault("tags", []).append(TAG if checks else FOLD_TAG)
         folded.append(i)
     return sorted(folded)
