@@ -324,13 +324,9 @@ def train_dpo_seeds(pipeline, seeds: Sequence[int], beta: float = 0.1, steps: in
     seed (the runs share no random state), so seed ``s`` of the list equals
     ``train_dpo(pipeline, beta, steps, seed=s, config=config)`` except for the timings.
     """
-    if isinstance(seeds, (str, bytes)) or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
-        raise ValueError(f"seeds: must be a sequence of integers, got {seeds!r}")
-    seeds = list(seeds)
-    if not seeds:
-        raise ValueError("seeds: need at least one seed")
-    if len(set(seeds)) != len(seeds):
-        raise ValueError(f"seeds: must be distinct, got {seeds}")
+    from .rlhf.checks import check_seeds
+
+    seeds = check_seeds(seeds)
     for s in seeds:
         _check_seed(s)
     cfg = _check_run(pipeline, beta, steps, config)

@@ -48,6 +48,8 @@ import math
 import torch
 
 from . import seqkl
+from .divergences import kl_from_log_probs
+from .estimators import k3_from_log_ratio
 
 __all__ = [
     "LEVELS", "IS_CORRECTIONS", "PERTURBATIONS", "TRUST_REGION_RULES",
@@ -240,7 +242,7 @@ def batch_mismatch_metrics(space: seqkl.SequenceSpace, learner_logits: torch.Ten
     m = space.mask[index]
     lr = (lp - lm)[m]
     W = (lp - lm).sum(1).exp()
-    return {"kl_token": float((-lr).mean()), "k3_token": float((lr.exp() - 1 - lr).mean()),
+    return {"kl_token": float((-lr).mean()), "k3_token": float(k3_from_log_ratio(lr).mean()),
             "chi2_token": float((2 * lr).exp().mean()) - 1.0, "chi2_seq": float((W**2).mean()) - 1.0,
             "ess_seq": float(W.sum() ** 2 / (len(W) * (W**2).sum()))}
 
@@ -448,7 +450,7 @@ def bandit_run(ref_logits: torch.Tensor, reward: torch.Tensor, rule: str = "rati
             logp = torch.log_softmax(theta, -1)
             p_old, p = logp_old.exp(), logp.exp()
             hist["reward"].append(float((p * r).sum()))
-            hist["kl_step"].append(float((p_old * (logp_old - logp)).sum()))
+            hist["kl_step"].append(float(kl_from_log_probs(logp_old, logp)))
             hist["tv_step"].append(float(0.5 * (p_old - p).abs().sum()))
             hist["kept"].append(kept)
     return hist

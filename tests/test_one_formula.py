@@ -55,6 +55,8 @@ def test_k3_is_written_once():
     assert len(k3_places) <= 2, k3_places
     # the rounding-prone form (ratio - 1) - log_ratio appears nowhere
     assert _places(r"\(\s*ratio\s*-\s*1(\.0)?\s*\)\s*-\s*\w*log") == []
+    # nor its other spellings, exp(lr) - 1 - lr
+    assert _places(r"(\.exp\(\)|exp\(\s*\w+\s*\))\s*-\s*1(\.0)?\s*\)?\s*-\s*\w+") == []
 
 
 def test_categorical_kl_is_written_once():

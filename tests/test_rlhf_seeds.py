@@ -193,3 +193,17 @@ def test_bad_arguments(tok, kwargs, match):
         seeds.seed_benchmark(n_seeds=0, pipeline=object())
     with pytest.raises(ValueError, match="iterations"):
         seeds.seed_benchmark(iterations=0, pipeline=object())
+
+
+def test_check_seeds_is_the_one_seed_list_check():
+    import numpy as np
+    import pytest
+
+    from klbook_lib.rlhf.checks import check_seeds
+
+    assert check_seeds(range(3)) == [0, 1, 2]
+    assert check_seeds([np.int64(4), 5]) == [4, 5] and type(check_seeds([np.int64(4)])[0]) is int
+    for bad, match in (([], "at least one"), ([1, 1], "distinct"), ([True, 2], "integers"),
+                       ("01", "integers"), ([0.5], "integers"), (3, "integers")):
+        with pytest.raises(ValueError, match=match):
+            check_seeds(bad)

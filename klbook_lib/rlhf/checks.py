@@ -5,11 +5,13 @@ value in the form the caller computes with (a bool mask, a list of prompts).
 """
 from __future__ import annotations
 
+import numbers
 from typing import Sequence
 
 import torch
 
-__all__ = ["check_mask", "check_batch_tensor", "check_logprob_pair", "check_logits_pair", "check_prompts"]
+__all__ = ["check_mask", "check_batch_tensor", "check_logprob_pair", "check_logits_pair", "check_prompts",
+           "check_seeds"]
 
 
 def check_mask(response_mask: torch.Tensor, shape: Sequence[int] | None = None) -> torch.Tensor:
@@ -79,3 +81,19 @@ def check_prompts(pipeline, prompts: Sequence[str] | None) -> list:
     if not prompts:
         raise ValueError("prompts: need at least one prompt")
     return prompts
+
+
+def check_seeds(seeds: Sequence[int]) -> list[int]:
+    """Validate a non-empty sequence of distinct integer seeds (numpy integers too, never
+    booleans) and return it as a list of ``int``."""
+    if isinstance(seeds, (str, bytes)) or not hasattr(seeds, "__iter__"):
+        raise ValueError(f"seeds: must be a sequence of integers, got {seeds!r}")
+    seeds = list(seeds)
+    if not all(isinstance(s, numbers.Integral) and not isinstance(s, bool) for s in seeds):
+        raise ValueError(f"seeds: must be a sequence of integers, got {seeds!r}")
+    seeds = [int(s) for s in seeds]
+    if not seeds:
+        raise ValueError("seeds: need at least one seed")
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds: must be distinct, got {seeds}")
+    return seeds

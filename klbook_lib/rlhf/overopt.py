@@ -48,6 +48,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from .checks import check_seeds
 from .pipeline import atomic_build, cache_dir_for, cached_json
 
 __all__ = [
@@ -436,11 +437,7 @@ def rl_seed_histories(pipe, proxy, beta: float, steps: int, seeds: Sequence[int]
     if not beta >= 0:
         raise ValueError(f"beta: must be >= 0, got {beta}")
     steps = _check_n(steps, "steps")
-    if isinstance(seeds, (str, bytes)) or not all(isinstance(x, (int, np.integer)) for x in seeds):
-        raise ValueError(f"seeds: must be a sequence of integers, got {seeds!r}")
-    seeds = [int(x) for x in seeds]
-    if not seeds or len(set(seeds)) != len(seeds):
-        raise ValueError(f"seeds: need at least one seed, all distinct, got {seeds}")
+    seeds = check_seeds(seeds)
     cfg = config or ppo.PPOConfig()
     if cfg.reward_fn is not None or cfg.advantage_fn is not None:
         raise ValueError("config: pluggable reward_fn/advantage_fn runs are not cached; call seeds.train_seeds")

@@ -48,7 +48,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from .checks import check_prompts
+from .checks import check_prompts, check_seeds
 from .ppo import PPOConfig, RLHFResult, train_ppo
 
 
@@ -69,17 +69,6 @@ def use_fused_gelu(model: nn.Module) -> nn.Module:
     return model
 
 
-def _check_seeds(seeds: Sequence[int]) -> list[int]:
-    if isinstance(seeds, (str, bytes)) or not all(isinstance(s, int) for s in seeds):
-        raise ValueError(f"seeds: must be a sequence of integers, got {seeds!r}")
-    seeds = list(seeds)
-    if not seeds:
-        raise ValueError("seeds: need at least one seed")
-    if len(set(seeds)) != len(seeds):
-        raise ValueError(f"seeds: must be distinct, got {seeds}")
-    return seeds
-
-
 def train_seed_results(pipeline, seeds: Sequence[int], beta: float = 0.1, steps: int = 30,
                        config: PPOConfig | None = None, fast: bool = True, progress: bool = False,
                        prompts: Sequence[str] | None = None) -> list[RLHFResult]:
@@ -90,7 +79,7 @@ def train_seed_results(pipeline, seeds: Sequence[int], beta: float = 0.1, steps:
     With ``fast=True`` the returned policies carry the fused tanh-GELU (:func:`use_fused_gelu`);
     they compute the same function as GPT-2's ``gelu_new`` to float rounding.
     """
-    seeds = _check_seeds(seeds)
+    seeds = check_seeds(seeds)
     if not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps: must be a positive integer, got {steps!r}")
     prompts = check_prompts(pipeline, prompts)
