@@ -101,8 +101,10 @@ def test_cartpole_judge_plays_the_policy_itself():
     # a history that claims a solved run with the KL on target: the judge plays the policy itself
     fake_history = np.column_stack([np.arange(1, 51) * 256.0, np.full(50, 0.01), np.ones(50),
                                     np.full(50, 0.1), np.full(50, 500.0)])
-    credit, msg = cartpole_kl.judge([untrained, fake_history, np.array([1.0, 12800.0])], eval_seed=1)
-    assert credit == 0.0 and "not solved" in msg and "not counted" in msg
+    # (with a correct probe of the loss's KL term, so that only the played return decides)
+    probe = cartpole_kl.expected_kl_probe()
+    credit, msg = cartpole_kl.judge([untrained, fake_history, np.array([1.0, 12800.0]), probe], eval_seed=1)
+    assert credit == 0.0 and "not solved" in msg and "counted only for a solved run" in msg
     for junk in ([untrained], "solved", [untrained[:10], fake_history, []], [untrained, np.ones(3)]):
         credit, msg = cartpole_kl.judge(junk, eval_seed=1)
         assert credit == 0.0 and "not a training result" in msg
