@@ -671,3 +671,90 @@ def test_issue25_item6_ex01_every_kl_from_logits_case_has_a_nonzero_kl():
 
     q2 = next(q for q in bank.questions("ex01_kl_definition") if q.id == "q2")
     assert all(np.abs(e).max() > 1e-3 for e in q2.expected())
+
+
+# ---------------------------------------------------------------- 6. ex14 (off-policy KL): classic wrong answers
+# Each variant replaces one master function; the question it belongs to scores 0 (its core cases fail, except
+# the overflow variant, which loses the case that probes it) and the other questions keep their points.
+EX14_TRAPS = {
+    "detached ratio": ("attached_k3_loss", '''def attached_k3_loss(logp, old_logp, ref_logp, mask):
+    m = mask > 0
+    lp = torch.where(m, logp, torch.zeros_like(logp))
+    rho = torch.exp(lp - torch.where(m, old_logp, torch.zeros_like(old_logp))).detach()   # detached
+    d = torch.where(m, ref_logp, torch.zeros_like(ref_logp)) - lp
+    return torch.where(m, rho * (torch.expm1(d) - d), torch.zeros_like(lp))
+''', "q1", "off-policy padded batch: the gradient through the attached ratio, junk on the pads", True),
+    "k3 mask ignored": ("attached_k3_loss", '''def attached_k3_loss(logp, old_logp, ref_logp, mask):
+    rho = torch.exp(logp - old_logp)
+    d = ref_logp - logp
+    return rho * (torch.expm1(d) - d)                                 # padding not masked
+''', "q1", "left padding", True),
+    "per-token truncation for seq_tis": ("is_weights", '''def is_weights(logp, sampler_logp, mask, correction, C):
+    mask = np.asarray(mask, dtype=float) > 0
+    log_rho = np.where(mask, np.asarray(logp, float) - np.where(mask, np.asarray(sampler_logp, float), 0.0), 0.0)
+    rho = np.exp(log_rho)
+    if correction == "token_tis":
+        w = np.minimum(rho, C)
+    elif correction == "token_mis":
+        w = np.where(rho <= C, rho, 0.0)
+    else:                                          # each token truncated, then the product
+        w_tok = np.minimum(rho, C) if correction == "seq_tis" else np.where(rho <= C, rho, 0.0)
+        w = np.broadcast_to(np.prod(np.where(mask, w_tok, 1.0), axis=1, keepdims=True), rho.shape)
+    return np.where(mask, w, 0.0)
+''', "q2", "seq_tis: every token ratio below C, the sequence weight above it", True),
+    "masking truncates": ("is_weights", '''def is_weights(logp, sampler_logp, mask, correction, C):
+    mask = np.asarray(mask, dtype=float) > 0
+    log_rho = np.where(mask, np.asarray(logp, float) - np.where(mask, np.asarray(sampler_logp, float), 0.0), 0.0)
+    if correction.startswith("seq"):
+        log_rho = np.broadcast_to(log_rho.sum(axis=1, keepdims=True), log_rho.shape)
+    return np.where(mask, np.minimum(np.exp(log_rho), C), 0.0)       # "mis" truncated, not masked
+''', "q2", "token_mis: a padded batch, -inf on the sampler's pads", True),
+    "-inf pads times the mask": ("is_weights", '''def is_weights(logp, sampler_logp, mask, correction, C):
+    m = np.asarray(mask, dtype=float)
+    log_rho = (np.asarray(logp, float) - np.asarray(sampler_logp, float)) * m      # inf * 0 = nan
+    if correction.startswith("seq"):
+        log_rho = np.broadcast_to(log_rho.sum(axis=1, keepdims=True), log_rho.shape)
+    w = np.exp(log_rho)
+    w = np.minimum(w, C) if correction.endswith("tis") else np.where(w <= C, w, 0.0)
+    return w * m
+''', "q2", "token_tis: a padded batch, -inf on the sampler's pads", True),
+    "ESS of the token weights": ("sequence_ess", '''def sequence_ess(logp, sampler_logp, mask):
+    mask = np.asarray(mask, dtype=float) > 0
+    lr = (np.asarray(logp, float) - np.where(mask, np.asarray(sampler_logp, float), 0.0))[mask]
+    w = np.exp(lr - lr.max())                        # per token, not per response
+    return float(w.sum() ** 2 / (len(w) * np.sum(w**2)))
+''', "q3", "a padded batch: the weight of each response, not of each token", True),
+    "ESS overflows": ("sequence_ess", '''def sequence_ess(logp, sampler_logp, mask):
+    mask = np.asarray(mask, dtype=float) > 0
+    w = np.exp(np.where(mask, np.asarray(logp, float) - np.where(mask, np.asarray(sampler_logp, float), 0.0),
+                        0.0).sum(axis=1))            # no shift: inf / inf
+    return float(w.sum() ** 2 / (len(w) * np.sum(w**2)))
+''', "q3", "log-weights of several hundred (overflow)", False),
+    "GSPO divides by T": ("gspo_ratio", '''def gspo_ratio(logp, old_logp, mask):
+    mask = np.asarray(mask, dtype=float) > 0
+    lr = np.where(mask, np.asarray(logp, float) - np.asarray(old_logp, float), 0.0)
+    return np.exp(lr.mean(axis=1))                   # the pads counted in |y|
+''', "q4", "padded batch: a mean over each response's real tokens", True),
+    "TV as a ratio": ("tv_keep", '''def tv_keep(prob, old_prob, advantage, low, high):
+    rho = np.asarray(prob, float) / np.asarray(old_prob, float)          # PPO's rule, not DPPO's
+    a = np.asarray(advantage, float)
+    return np.where(((a > 0) & (rho > 1 + high)) | ((a < 0) & (rho < 1 - low)), 0.0, 1.0)
+''', "q5", "rare tokens whose ratio grew fivefold (a difference, not a ratio)", True),
+    "TV ignores the advantage's sign": ("tv_keep", '''def tv_keep(prob, old_prob, advantage, low, high):
+    diff = np.asarray(prob, float) - np.asarray(old_prob, float)
+    return np.where((diff > high) | (diff < -low), 0.0, 1.0)              # drops both ways
+''', "q5", "random tokens, low = 0.1, high = 0.2: the sign of the advantage", True),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(EX14_TRAPS))
+def test_ex14_offpolicy_classic_mistakes_lose_their_points(tmp_path, variant):
+    name, body, qid, probe, core = EX14_TRAPS[variant]
+    ex = "ex14_offpolicy_kl"
+    r = grade_cells(tmp_path, ex, replace_function(master_cells(ex), name, body))
+    if core:
+        _core_zero(r, qid)
+    assert_trap(r, qid, probe)
+    for other in ("q1", "q2", "q3", "q4", "q5", "q6", "q7"):
+        if other != qid:
+            assert question(r, other)["points"] == question(r, other)["max_points"], (variant, other)

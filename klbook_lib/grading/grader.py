@@ -86,7 +86,8 @@ _EXERCISE_IN_NAME = re.compile(r"(?<![A-Za-z0-9])(ex\d\d)(?!\d)", re.IGNORECASE)
 
 
 def find_exercise(path: Path, nb: Any, exercise: str | None) -> tuple[str, list[str]]:
-    """The exercise to grade: ``exercise`` if given, else the ``exNN`` in the file's name.
+    """The exercise to grade: ``exercise`` if given, else the ``exNN`` in the file's name
+    (where two exercises share a number, the one whose full name the file's name contains).
 
     The notebook's own metadata is never trusted (a student can edit it); if it disagrees,
     a note says so.
@@ -102,6 +103,8 @@ def find_exercise(path: Path, nb: Any, exercise: str | None) -> tuple[str, list[
     else:
         prefixes = {m.lower() for m in _EXERCISE_IN_NAME.findall(path.stem)}
         found = [n for n in names if n.split("_")[0] in prefixes]
+        if len(found) > 1:      # two exercises share a number (ex14_review, ex14_offpolicy_kl):
+            found = [n for n in found if n in path.stem.lower()] or found   # the full name decides
         if len(found) != 1:
             why = "names several exercises" if len(found) > 1 else "does not name an exercise"
             raise GraderError(f"cannot tell which exercise {clean(path.name, 120)!r} is: its name "

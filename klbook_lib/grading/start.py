@@ -45,6 +45,9 @@ def resolve(exercise: str) -> str:
         found = [n for n in names if n.startswith(prefix)]
         if len(found) == 1:
             return found[0]
+        if len(found) > 1:                    # two exercises share a number (ex14)
+            raise StartError(f"exercise: {exercise!r} names several exercises; choose one of "
+                             f"{', '.join(found)}")
     raise StartError(f"exercise: unknown exercise {exercise!r}; choose one of {', '.join(names)}")
 
 

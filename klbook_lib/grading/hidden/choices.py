@@ -133,4 +133,14 @@ EXPLAIN: dict[tuple[str, str], dict[str, str]] = {
         "C": "Sampling only from the model and evaluating its log-probabilities is the setting of the reverse KL.",
         "D": "With a single-mode target both directions have unique minimisers; the forward KL's case is imitation from data.",
     },
+    ("ex14_offpolicy_kl", "q6"): {
+        "A": "s = W**(1/|y|) is not an importance weight: E_old[s] is not 1 in general, so E_old[s f] is not E_theta[f].",
+        "C": "s equals W only for responses of one token; for longer ones it is W's |y|-th root.",
+        "D": "exp of the mean log-ratio is the geometric mean of the token ratios, never above their arithmetic mean.",
+    },
+    ("ex14_offpolicy_kl", "q7"): {
+        "A": "Ratio clipping masks the token once pi > (1 + 0.2) * 0.01 = 0.012, far below 0.21.",
+        "B": "The TV rule bounds the change pi - pi_old by 0.2, not the ratio: it lets the token rise to 0.21.",
+        "D": "0.0102 is neither threshold: ratio clipping stops at 0.012, the TV rule at 0.01 + 0.2 = 0.21.",
+    },
 }
