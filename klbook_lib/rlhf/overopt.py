@@ -65,6 +65,16 @@ def _check_n(n, name: str = "n") -> int:
     return int(n)
 
 
+def _check_rl_args(proxy, beta, steps) -> tuple:
+    """``(proxy, beta, steps)`` of an RL run, checked: ``proxy`` "gold" or a pair count."""
+    if proxy != "gold":
+        proxy = _check_n(proxy, "proxy")
+    beta = float(beta)
+    if not beta >= 0:
+        raise ValueError(f"beta: must be >= 0, got {beta}")
+    return proxy, beta, _check_n(steps, "steps")
+
+
 def _check_probs_scores(probs, scores) -> tuple[np.ndarray, np.ndarray]:
     p = np.asarray(probs, dtype=float)
     s = np.asarray(scores, dtype=float)
@@ -383,12 +393,7 @@ def rl_history(pipe, proxy, beta: float, steps: int, seed: int = 0, config=None,
 
     from . import ppo
 
-    if proxy != "gold":
-        proxy = _check_n(proxy, "proxy")
-    beta = float(beta)
-    if not beta >= 0:
-        raise ValueError(f"beta: must be >= 0, got {beta}")
-    steps = _check_n(steps, "steps")
+    proxy, beta, steps = _check_rl_args(proxy, beta, steps)
     cfg = config or ppo.PPOConfig()
     settings = dict(proxy=proxy, beta=beta, steps=steps, seed=int(seed),
                     config={k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("reward_fn", "advantage_fn")})
@@ -431,12 +436,7 @@ def rl_seed_histories(pipe, proxy, beta: float, steps: int, seeds: Sequence[int]
     from . import ppo
     from .seeds import train_seeds
 
-    if proxy != "gold":
-        proxy = _check_n(proxy, "proxy")
-    beta = float(beta)
-    if not beta >= 0:
-        raise ValueError(f"beta: must be >= 0, got {beta}")
-    steps = _check_n(steps, "steps")
+    proxy, beta, steps = _check_rl_args(proxy, beta, steps)
     seeds = check_seeds(seeds)
     cfg = config or ppo.PPOConfig()
     if cfg.reward_fn is not None or cfg.advantage_fn is not None:
