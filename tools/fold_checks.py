@@ -87,8 +87,7 @@ def tag_notebook(nb: dict, threshold: float = 0.6) -> list[int]:
         tags = cell.setdefault("metadata", {}).setdefault("tags", [])
         if set(tags) & LEAVE_ALONE:
             continue
-        source = cell.get("source", "")
-        source = "".join(source) if isinstance(source, list) else source
+        source = _source(cell)
         if bookkeeping_fraction(source) >= threshold:
             tags.append(TAG)
             tagged.append(index)
@@ -147,8 +146,7 @@ def split_notebook(nb: dict) -> list[int]:
         tags = cell.setdefault("metadata", {}).setdefault("tags", [])
         if set(tags) & LEAVE_ALONE:
             continue
-        source = cell.get("source", "")
-        source = "".join(source) if isinstance(source, list) else source
+        source = _source(cell)
         parts = split_source(source)
         if parts is None:
             continue
