@@ -13,13 +13,14 @@ import dataclasses
 from types import ModuleType
 
 from klbook_lib.grading.hidden import (ex01, ex02, ex03, ex04, ex05, ex06, ex07, ex08, ex09, ex10,
-                                       ex11_sequence, ex12, ex13, ex14, ex14_offpolicy)
+                                       ex11_sequence, ex12, ex13, ex14, ex14_offpolicy,
+                                       ex15_exploration)
 from klbook_lib.grading.hidden.choices import EXPLAIN
 from klbook_lib.grading.hidden.questions import Question
 
 # in the order the grader has always listed them (ex14, the review, used to come after ex10)
 MODULES: tuple[ModuleType, ...] = (ex01, ex02, ex03, ex04, ex05, ex06, ex07, ex08, ex09, ex10, ex14,
-                                   ex13, ex11_sequence, ex12, ex14_offpolicy)
+                                   ex13, ex11_sequence, ex12, ex14_offpolicy, ex15_exploration)
 REGISTRY: dict[str, ModuleType] = {m.EXERCISE: m for m in MODULES}
 
 

@@ -143,4 +143,14 @@ EXPLAIN: dict[tuple[str, str], dict[str, str]] = {
         "B": "The TV rule bounds the change pi - pi_old by 0.2, not the ratio: it lets the token rise to 0.21.",
         "D": "0.0102 is neither threshold: ratio clipping stops at 0.012, the TV rule at 0.01 + 0.2 = 0.21.",
     },
+    ("ex15_exploration_anchors_optimum", "q7"): {
+        "B": "With A < 0 the minimum picks the unclipped rho A whenever rho > 1, so eps_high never bounds a falling token, and the upper bound is 1.28, not 1.2.",
+        "C": "PPO's clip bounds the ratio pi_theta / pi_old, not the difference pi_theta - pi_old: the token stops at 1.28 * 0.02.",
+        "D": "A token with A < 0 and a ratio above 1 + eps_high keeps its gradient: min(rho A, 1.28 A) is the unclipped rho A there.",
+    },
+    ("ex15_exploration_anchors_optimum", "q8"): {
+        "A": "Equal rewards cancel in pi*(a) / pi*(b) = pi_ref(a) / pi_ref(b) exp((r(a) - r(b)) / beta), so the 9:1 ratio survives every beta.",
+        "C": "Equal rewards leave the reference's ratio untouched: the optimum evens them out only if the rewards are changed.",
+        "D": "The forward-KL optimum beta pi_ref(a) / (lambda - r(a)) also keeps pi_ref's ratio when r(a) = r(b).",
+    },
 }
