@@ -52,6 +52,7 @@ Functions
 ``distillation_surrogate``     per-sequence ``-sum_t A_t log pi_theta(a_t|s_t)`` (a loss)
 ``expected_distillation_gradient``  its exact expected gradient over the student's own responses
 ``sampled_distillation_gradient``   the same from ``n`` sampled responses
+``distillation_gradient_variance``  exact ``E||g_1 - g||^2`` of the one-response estimate ``g_1``
 ``distill_run``                a tabular student trained by sampled distillation gradients, with exact KL per step
 """
 from __future__ import annotations
@@ -70,7 +71,7 @@ __all__ = [
     "perturb_logits", "mismatch_metrics", "batch_mismatch_metrics", "correction_weights",
     "expected_pg_gradient", "sampled_pg_gradient", "gspo_ratio", "trust_region_mask",
     "masked_pg_loss", "bandit_run", "distillation_advantages", "distillation_surrogate",
-    "expected_distillation_gradient", "sampled_distillation_gradient", "distill_run",
+    "expected_distillation_gradient", "sampled_distillation_gradient", "distillation_gradient_variance", "distill_run",
 ]
 
 #: how the attached ratio is formed: per token, GSPO's geometric mean over the response, or the product
@@ -551,6 +552,23 @@ def sampled_distillation_gradient(space: seqkl.SequenceSpace, logits: torch.Tens
     index = seqkl.sample(space, logits, n, seed)
     counts = torch.bincount(index, minlength=space.n_sequences).to(logits.dtype) / n
     return _distillation_gradient(space, logits, teacher_logits, discount, counts)
+
+
+def distillation_gradient_variance(space: seqkl.SequenceSpace, logits: torch.Tensor,
+                                   teacher_logits: torch.Tensor, discount: float = 0.0) -> float:
+    """The exact total variance ``E_{y ~ pi_theta}||g(y) - g||^2`` of one response's gradient ``g(y)``.
+
+    ``g`` is :func:`expected_distillation_gradient`; a batch of ``n`` responses has ``1/n`` of it.
+    """
+    space = _check_space(space)
+    theta = _check_table("logits", logits, space).detach()
+    teacher = _check_table("teacher_logits", teacher_logits, space).detach()
+    _check_discount(discount)
+    per_seq = torch.autograd.functional.jacobian(
+        lambda x: distillation_surrogate(space, x, teacher, discount), theta, vectorize=True)
+    mu = _sequence_probs(space, theta)
+    mean = torch.einsum("n,n...->...", mu, per_seq)
+    return float(torch.einsum("n,n...->", mu, (per_seq - mean) ** 2))
 
 
 def distill_run(space: seqkl.SequenceSpace, teacher_logits: torch.Tensor, start_logits: torch.Tensor,

@@ -125,6 +125,8 @@ def test_sampled_gradient_is_within_five_standard_errors_of_the_expected_one():
         mean = (mu[:, None, None] * per_seq).sum(0)
         sd = ((mu[:, None, None] * (per_seq - mean) ** 2).sum(0)).sqrt()
         assert torch.allclose(mean, op.expected_distillation_gradient(space, th, te, gamma), atol=1e-12)
+        total_var = float((mu[:, None, None] * (per_seq - mean) ** 2).sum())
+        assert math.isclose(op.distillation_gradient_variance(space, th, te, gamma), total_var, rel_tol=1e-10)
         g = op.sampled_distillation_gradient(space, th, te, n, gamma, seed)
         # the batch mean of the per-sequence gradients of the sequences seqkl.sample draws
         idx = S.sample(space, th, n, seed)
@@ -151,6 +153,7 @@ def test_distill_run_starts_at_the_exact_kl_and_moves_towards_the_teacher():
     (lambda sp, th: op.expected_distillation_gradient(sp, th, th[:2], 0.0), "teacher_logits"),
     (lambda sp, th: op.expected_distillation_gradient(sp, th * float("nan"), th, 0.0), "logits"),
     (lambda sp, th: op.sampled_distillation_gradient(sp, th, th, 0), "n"),
+    (lambda sp, th: op.distillation_gradient_variance(sp, th, th, 2.0), "discount"),
     (lambda sp, th: op.distill_run(sp, th, th, steps=0), "steps"),
     (lambda sp, th: op.distill_run(sp, th, th, batch=0), "batch"),
     (lambda sp, th: op.distill_run(sp, th, th, lr=0.0), "lr"),
