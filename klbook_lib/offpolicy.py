@@ -24,6 +24,14 @@ and, for a response, ``W(y) = prod_t rho_t = pi_theta(y) / pi_old(y)``.
    ratio ``W(y)**(1/|y|)``; :func:`trust_region_mask` the per-token rules of PPO's ratio
    clipping and of DPPO's binary TV and binary KL masks; :func:`masked_pg_loss` the policy
    loss those masks gate.
+4. **On-policy distillation** (Thinking Machines' recipe; tinker-cookbook's ``incorporate_kl_penalty``):
+   the student ``pi_theta`` samples, the teacher ``pi_T`` scores every sampled token, and the
+   per-token advantage is ``A_t = -sum_{u >= t} gamma^(u-t) (log pi_theta(a_u|s_u) - log pi_T(a_u|s_u))``,
+   detached (:func:`distillation_advantages`). With ``gamma = 0`` (the recipe's default) the
+   expected gradient is the partial gradient ``sum_t E_{s_t ~ pi_theta}[grad KL(pi_theta(.|s_t) || pi_T(.|s_t))]``;
+   with ``gamma = 1`` it is ``grad KL(pi_theta || pi_T)`` of whole responses
+   (:func:`expected_distillation_gradient`, :func:`sampled_distillation_gradient`,
+   :func:`distill_run`).
 
 Functions
 ---------
@@ -40,6 +48,12 @@ Functions
 ``trust_region_mask``          which sampled tokens keep their gradient under a trust-region rule
 ``masked_pg_loss``             ``-mean(A * rho.detach() * mask * log pi_theta)``
 ``bandit_run``                 PPO-clip vs DPPO masks on a one-position policy, with exact per-update KL
+``distillation_advantages``    ``A_t``: minus the discounted future sum of per-token log-ratios student/teacher
+``distillation_surrogate``     per-sequence ``-sum_t A_t log pi_theta(a_t|s_t)`` (a loss)
+``expected_distillation_gradient``  its exact expected gradient over the student's own responses
+``sampled_distillation_gradient``   the same from ``n`` sampled responses
+``distillation_gradient_variance``  exact ``E||g_1 - g||^2`` of the one-response estimate ``g_1``
+``distill_run``                a tabular student trained by sampled distillation gradients, with exact KL per step
 """
 from __future__ import annotations
 
@@ -56,7 +70,8 @@ __all__ = [
     "attached_ratio_surrogate", "expected_attached_gradient", "partial_kl_gradient",
     "perturb_logits", "mismatch_metrics", "batch_mismatch_metrics", "correction_weights",
     "expected_pg_gradient", "sampled_pg_gradient", "gspo_ratio", "trust_region_mask",
-    "masked_pg_loss", "bandit_run",
+    "masked_pg_loss", "bandit_run", "distillation_advantages", "distillation_surrogate",
+    "expected_distillation_gradient", "sampled_distillation_gradient", "distillation_gradient_variance", "distill_run",
 ]
 
 #: how the attached ratio is formed: per token, GSPO's geometric mean over the response, or the product
@@ -453,4 +468,139 @@ def bandit_run(ref_logits: torch.Tensor, reward: torch.Tensor, rule: str = "rati
             hist["kl_step"].append(float(kl_from_log_probs(logp_old, logp)))
             hist["tv_step"].append(float(0.5 * (p_old - p).abs().sum()))
             hist["kept"].append(kept)
+    return hist
+
+
+# --------------------------------------------------------------------------- 4. on-policy distillation
+def _check_discount(discount) -> float:
+    try:
+        gamma = float(discount)
+    except (TypeError, ValueError):
+        raise ValueError(f"discount: expected a number in [0, 1], got {discount!r}") from None
+    if not (0.0 <= gamma <= 1.0):
+        raise ValueError(f"discount: must lie in [0, 1], got {gamma}")
+    return gamma
+
+
+def distillation_advantages(logprobs: torch.Tensor, teacher_logprobs: torch.Tensor, mask: torch.Tensor,
+                            discount: float = 0.0) -> torch.Tensor:
+    """Per-token advantages of on-policy distillation, [N, T], detached; ``0`` on pads.
+
+    ``A_t = -sum_{u >= t} gamma^(u-t) k1_u`` with ``k1_u = log pi_theta(a_u|s_u) - log pi_T(a_u|s_u)``
+    (the student's and the teacher's log-probabilities of the sampled tokens) and ``gamma = discount``.
+    ``discount=0`` gives ``A_t = -k1_t`` (tinker-cookbook's default ``kl_discount_factor=0``);
+    ``discount=1`` gives minus the log-ratio to go, the return whose policy gradient is the exact
+    gradient of the sequence-level reverse KL.
+    """
+    gamma = _check_discount(discount)
+    for name, x in (("logprobs", logprobs), ("teacher_logprobs", teacher_logprobs)):
+        if not isinstance(x, torch.Tensor) or x.dim() != 2:
+            raise ValueError(f"{name}: expected a 2-D tensor [N, T]")
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.shape != logprobs.shape:
+        raise ValueError(f"mask: expected a boolean tensor of shape {list(logprobs.shape)}")
+    k = seqkl.kl_estimates(logprobs.detach(), teacher_logprobs.detach(), "k1")
+    k = torch.where(mask, k, torch.zeros_like(k))
+    out = torch.zeros_like(k)
+    running = torch.zeros_like(k[:, 0])
+    for t in range(k.shape[1] - 1, -1, -1):
+        running = k[:, t] + gamma * running
+        out[:, t] = running
+    return -out
+
+
+def distillation_surrogate(space: seqkl.SequenceSpace, logits: torch.Tensor, teacher_logits: torch.Tensor,
+                           discount: float = 0.0) -> torch.Tensor:
+    """One loss value per sequence, [N]: ``-sum_t A_t log pi_theta(a_t|s_t)`` with ``A_t`` detached.
+
+    Its gradient for a response the student sampled is that response's distillation gradient
+    (descending it moves the student towards the teacher ``teacher_logits``).
+    """
+    space = _check_space(space)
+    lp = seqkl.token_logprobs(space, _check_table("logits", logits, space))
+    lt = seqkl.token_logprobs(space, _check_table("teacher_logits", teacher_logits, space)).detach()
+    adv = distillation_advantages(lp, lt, space.mask, discount)
+    return -(adv * lp).sum(1)
+
+
+def _distillation_gradient(space, logits, teacher_logits, discount, weight_of_sequence):
+    theta = _leaf(_check_table("logits", logits, space))
+    value = (weight_of_sequence * distillation_surrogate(space, theta, teacher_logits, discount)).sum()
+    return torch.autograd.grad(value, theta)[0]
+
+
+def expected_distillation_gradient(space: seqkl.SequenceSpace, logits: torch.Tensor,
+                                   teacher_logits: torch.Tensor, discount: float = 0.0) -> torch.Tensor:
+    """``E_{y ~ pi_theta}[ -sum_t A_t grad log pi_theta(a_t|s_t) ]`` exactly, w.r.t. the logits table.
+
+    ``discount=1``: ``grad KL(pi_theta || pi_T)`` of whole responses. ``discount=0``: the partial
+    gradient ``sum_t E_{s_t ~ pi_theta}[grad KL(pi_theta(.|s_t) || pi_T(.|s_t))]``, which is the
+    first one only when every response has one token.
+    """
+    space = _check_space(space)
+    mu = _sequence_probs(space, _check_table("logits", logits, space))
+    return _distillation_gradient(space, logits, teacher_logits, discount, mu)
+
+
+def sampled_distillation_gradient(space: seqkl.SequenceSpace, logits: torch.Tensor,
+                                  teacher_logits: torch.Tensor, n: int, discount: float = 0.0,
+                                  seed: int | torch.Generator = 0) -> torch.Tensor:
+    """The batch estimate from ``n`` responses the student samples (:func:`seqkl.sample`)."""
+    space = _check_space(space)
+    _check_table("logits", logits, space)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n: expected an integer >= 1, got {n!r}")
+    index = seqkl.sample(space, logits, n, seed)
+    counts = torch.bincount(index, minlength=space.n_sequences).to(logits.dtype) / n
+    return _distillation_gradient(space, logits, teacher_logits, discount, counts)
+
+
+def distillation_gradient_variance(space: seqkl.SequenceSpace, logits: torch.Tensor,
+                                   teacher_logits: torch.Tensor, discount: float = 0.0) -> float:
+    """The exact total variance ``E_{y ~ pi_theta}||g(y) - g||^2`` of one response's gradient ``g(y)``.
+
+    ``g`` is :func:`expected_distillation_gradient`; a batch of ``n`` responses has ``1/n`` of it.
+    """
+    space = _check_space(space)
+    theta = _check_table("logits", logits, space).detach()
+    teacher = _check_table("teacher_logits", teacher_logits, space).detach()
+    _check_discount(discount)
+    per_seq = torch.autograd.functional.jacobian(
+        lambda x: distillation_surrogate(space, x, teacher, discount), theta, vectorize=True)
+    mu = _sequence_probs(space, theta)
+    mean = torch.einsum("n,n...->...", mu, per_seq)
+    return float(torch.einsum("n,n...->", mu, (per_seq - mean) ** 2))
+
+
+def distill_run(space: seqkl.SequenceSpace, teacher_logits: torch.Tensor, start_logits: torch.Tensor,
+                discount: float = 0.0, steps: int = 100, batch: int = 16, lr: float = 0.1,
+                seed: int = 0) -> dict[str, list[float]]:
+    """Train a tabular student (logits started at ``start_logits``) towards ``teacher_logits``.
+
+    Each step samples ``batch`` responses from the current student and takes one Adam step
+    (learning rate ``lr``) along :func:`sampled_distillation_gradient` with ``discount``.
+    Returns ``kl``: the exact ``KL(pi_theta || pi_T)`` of whole responses at the start and after
+    every step (``steps + 1`` values).
+    """
+    space = _check_space(space)
+    teacher = _check_table("teacher_logits", teacher_logits, space).detach()
+    theta = _leaf(_check_table("start_logits", start_logits, space))
+    _check_discount(discount)
+    for name, v in (("steps", steps), ("batch", batch)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name}: expected an integer >= 1, got {v!r}")
+    lr = _check_positive("lr", lr)
+    g = torch.Generator().manual_seed(int(seed))
+    opt = torch.optim.Adam([theta], lr=lr)
+    hist: dict[str, list[float]] = {"kl": []}
+
+    def record():
+        hist["kl"].append(float(seqkl.exact_kl(space, theta.detach(), teacher)))
+
+    record()
+    for _ in range(steps):
+        grad = sampled_distillation_gradient(space, theta.detach(), teacher, batch, discount, g)
+        opt.zero_grad()
+        theta.grad = grad
+        opt.step()
+        record()
     return hist
