@@ -143,4 +143,9 @@ EXPLAIN: dict[tuple[str, str], dict[str, str]] = {
         "B": "The TV rule bounds the change pi - pi_old by 0.2, not the ratio: it lets the token rise to 0.21.",
         "D": "0.0102 is neither threshold: ratio clipping stops at 0.012, the TV rule at 0.01 + 0.2 = 0.21.",
     },
+    ("project1_ppo_kl", "q5"): {
+        "A": "A truncated episode did not end in a failure: its last state has a value, so treating it as terminal biases the advantages down.",
+        "B": "After an auto-reset the returned obs is the next episode's first state, whose value says nothing about the truncated one's future.",
+        "D": "The truncated episode is over: carrying the sum into the next episode mixes the returns of two episodes.",
+    },
 }
