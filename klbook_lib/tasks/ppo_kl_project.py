@@ -75,7 +75,7 @@ def evaluate(vector, episodes: int = EVAL_EPISODES, seed: int = 0) -> list[float
 
     actor = actor_from_vector(vector)
     env = CartPole(num_envs=episodes, seed=seed, dtype=torch.float64)
-    obs = env.reset(seed=seed)
+    obs = env.reset(seed=int(seed))
     gen = torch.Generator().manual_seed(seed + 1)
     done_ret = torch.full((episodes,), float("nan"), dtype=torch.float64)
     with torch.no_grad():
