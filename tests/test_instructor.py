@@ -156,7 +156,7 @@ def _rows_for(rows, student, notebook):
 def test_class_csv_has_the_points_each_notebook_deserves(graded_class):
     proc, rows = graded_class["proc"], graded_class["rows"]
     assert proc.returncode == 0, proc.stderr
-    assert rows[0] == ["student", "notebook", "question", "points", "max", "seconds"]
+    assert rows[0] == ["student", "notebook", "question", "points", "max", "seconds", "words"]
     for student, ex in graded_class["expect"]["full"]:
         qs = _rows_for(rows, student, f"{ex}.ipynb")
         assert len(qs) >= 4, (student, ex, proc.stdout)

@@ -24,7 +24,10 @@ not a usable student name (control or invisible characters, blanks at either end
 than 100 characters) is not graded either.
 
 Results: one CSV row per question (``student, notebook, question, points, max,
-seconds``), plus one JSON file per student with every notebook's full result. Every text
+seconds, words``), plus one JSON file per student with every notebook's full result. A
+notebook with a report the instructor grades by hand (a project's Markdown cell tagged
+``report``) gets one more row, ``question = report``, with ``points`` empty, ``max = manual``
+and the report's word count in ``words`` (the only rows with a ``words`` value). Every text
 cell of the CSV is cleaned (no control characters) and defused against formula injection
 (a cell starting with ``=``, ``+``, ``-`` or ``@`` gets a leading apostrophe).
 """
@@ -52,7 +55,10 @@ from klbook_lib.grading.grader import GraderError, find_exercise, grade, isolati
 from klbook_lib.grading.protocol import clean
 
 LAYOUT = "DIR/<student>/exNN_<name>.ipynb"
-CSV_COLUMNS = ("student", "notebook", "question", "points", "max", "seconds")
+CSV_COLUMNS = ("student", "notebook", "question", "points", "max", "seconds", "words")
+REPORT_ROW = "report"            # the question cell of a hand-graded report (a project's)
+MANUAL = "manual"                # its "max": graded by hand, not by the grader
+MAX_REPORT_BYTES = 50 << 20      # a notebook larger than this is not read for its report
 NOT_GRADED = "(not graded)"
 NO_NOTEBOOK = "(no notebook)"
 MAX_NAME = 100
@@ -339,28 +345,63 @@ def _num(x: float) -> str:
     return f"{x:.4f}".rstrip("0").rstrip(".")
 
 
+def report_spec(exercise: str | None) -> dict | None:
+    """The hand-graded report of an exercise (its module's ``REPORT``: the cell tag and the
+    placeholder text), or ``None`` when it has none."""
+    if exercise is None:
+        return None
+    from klbook_lib.grading.hidden import bank
+
+    module = bank.REGISTRY.get(exercise)
+    return getattr(module, "REPORT", None) if module is not None else None
+
+
+def report_words(path: Path | None, spec: dict) -> int:
+    """Words in the notebook's Markdown cells tagged ``spec["tag"]``, the placeholder left out
+    (0 for a missing, unreadable or unanswered report). The notebook is read as JSON data, never run."""
+    if path is None:
+        return 0
+    try:
+        if path.stat().st_size > MAX_REPORT_BYTES:
+            return 0
+        cells = json.loads(path.read_bytes().decode("utf-8")).get("cells", [])
+        texts = []
+        for c in cells:
+            tags = (c.get("metadata") or {}).get("tags") or []
+            if c.get("cell_type") == "markdown" and spec["tag"] in tags:
+                src = c.get("source", "")
+                texts.append("".join(src) if isinstance(src, list) else str(src))
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError, TypeError):
+        return 0
+    text = "\n".join(texts).replace(spec.get("placeholder", ""), " ")
+    return sum(1 for word in text.split() if re.search(r"[^\W_]", word))   # blank-separated, with a letter or digit
+
+
 def csv_rows(batch: dict) -> list[list[str]]:
     """The CSV's rows (header first), students and notebooks in name order."""
     rows = [list(CSV_COLUMNS)]
     for st in batch["students"]:
         name = csv_cell(st.name)
         if st.error is not None:
-            rows.append([name, "", NOT_GRADED, "0", "0", ""])
+            rows.append([name, "", NOT_GRADED, "0", "0", "", ""])
             continue
         if not st.submissions:
-            rows.append([name, "", NO_NOTEBOOK, "0", "0", ""])
+            rows.append([name, "", NO_NOTEBOOK, "0", "0", "", ""])
             continue
         for sub in st.submissions:
             nb = csv_cell(sub.notebook)
             if not sub.graded:
                 mx = _max_points(sub.exercise)
                 # max: the exercise's points, or 0 when the file's name tells no exercise
-                rows.append([name, nb, NOT_GRADED, "0", _num(mx or 0.0), ""])
+                rows.append([name, nb, NOT_GRADED, "0", _num(mx or 0.0), "", ""])
                 continue
             for q in sub.result["questions"]:
                 sec = q.get("seconds")
                 rows.append([name, nb, csv_cell(q["id"]), _num(q["points"]), _num(q["max_points"]),
-                             "" if sec is None else _num(sec)])
+                             "" if sec is None else _num(sec), ""])
+            spec = report_spec(sub.exercise)
+            if spec is not None:        # graded by hand: no points here, its length for the reader
+                rows.append([name, nb, REPORT_ROW, "", MANUAL, "", str(report_words(sub.path, spec))])
     return rows
 
 
@@ -374,6 +415,9 @@ def student_record(st: Student) -> dict:
             entry["score"] = sub.result["score"]
             entry["max_score"] = sub.result["max_score"]
             entry["result"] = sub.result
+            spec = report_spec(sub.exercise)
+            if spec is not None:
+                entry["report"] = {"graded": MANUAL, "words": report_words(sub.path, spec)}
         else:
             entry["error"] = sub.error
             mx = _max_points(sub.exercise)

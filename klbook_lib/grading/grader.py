@@ -82,12 +82,12 @@ def blocked_roots() -> list[str]:
 
 
 # ---------------------------------------------------------------- reading the submission
-_EXERCISE_IN_NAME = re.compile(r"(?<![A-Za-z0-9])(ex\d\d)(?!\d)", re.IGNORECASE)
+_EXERCISE_IN_NAME = re.compile(r"(?<![A-Za-z0-9])(ex\d\d|project\d)(?!\d)", re.IGNORECASE)
 
 
 def find_exercise(path: Path, nb: Any, exercise: str | None) -> tuple[str, list[str]]:
     """The exercise to grade: ``exercise`` if given, else the ``exNN`` in the file's name
-    (where two exercises share a number, the one whose full name the file's name contains).
+    (or the ``projectN`` of a project; where two exercises share a number, the one whose full name the file's name contains).
 
     The notebook's own metadata is never trusted (a student can edit it); if it disagrees,
     a note says so.

@@ -26,12 +26,15 @@ class StartError(ValueError):
 
 
 def available() -> list[str]:
-    """The student notebooks of this checkout, by name (``ex04_estimating_kl``...)."""
-    return sorted(p.stem for p in STUDENTS.glob("ex[0-9][0-9]_*.ipynb"))
+    """The student notebooks of this checkout, by name (``ex04_estimating_kl``..., then the
+    projects, ``project1_ppo_kl``...)."""
+    return (sorted(p.stem for p in STUDENTS.glob("ex[0-9][0-9]_*.ipynb"))
+            + sorted(p.stem for p in STUDENTS.glob("project[0-9]_*.ipynb")))
 
 
 def resolve(exercise: str) -> str:
-    """``ex04``, ``04``, ``4`` or ``ex04_estimating_kl`` -> ``ex04_estimating_kl``."""
+    """``ex04``, ``04``, ``4`` or ``ex04_estimating_kl`` -> ``ex04_estimating_kl``; ``project1``
+    or ``project1_ppo_kl`` -> ``project1_ppo_kl``."""
     names = available()
     if not names:
         raise StartError(f"no student notebooks in {STUDENTS}: `klbook start` needs a clone of the "
@@ -39,6 +42,11 @@ def resolve(exercise: str) -> str:
     text = str(exercise).strip()
     if text in names:
         return text
+    m = re.fullmatch(r"project(\d)", text, re.IGNORECASE)
+    if m:
+        found = [n for n in names if n.startswith(f"project{m.group(1)}_")]
+        if len(found) == 1:
+            return found[0]
     m = re.fullmatch(r"(?:ex)?0*(\d{1,2})", text, re.IGNORECASE)
     if m:
         prefix = f"ex{int(m.group(1)):02d}_"
@@ -88,7 +96,7 @@ def _run(args: argparse.Namespace) -> int:
 def add_parser(subparsers) -> None:
     """Register ``klbook start`` on the CLI's subparsers."""
     s = subparsers.add_parser("start", help="copy an exercise notebook out of the repository to work on")
-    s.add_argument("exercise", help="ex04, 4 or ex04_estimating_kl")
+    s.add_argument("exercise", help="ex04, 4, ex04_estimating_kl or project1")
     s.add_argument("directory", nargs="?", default=None,
                    help=f"where to write it (default {DEFAULT_DIR}); not inside the repository")
     s.add_argument("--force", action="store_true", help="overwrite an existing copy")

@@ -9,6 +9,9 @@ Each module trains something with a student's functions and checks the outcome:
                    seconds, PPO-RLHF with a student's per-token reward and masked GAE
                    (:mod:`klbook_lib.rlhf.ppo`), DPO with a student's loss
                    (:mod:`klbook_lib.dpo`); the outcome is reward and KL of the tuned policy
+    ppo_kl_project project 1: the student's own KL-penalty PPO on the batched CartPole; this module
+                   fixes only the actor's shape and judges the returned actor (return played
+                   here, the last update's KL recomputed, beta checked against the rule)
     token_trainer  exercise 5: the toy token-level problem of the "broken trainer" (a tabular
                    autoregressive policy whose KL and reward are exact, :mod:`klbook_lib.seqkl`),
                    its dashboard and the exact evaluation of a training run

@@ -153,4 +153,9 @@ EXPLAIN: dict[tuple[str, str], dict[str, str]] = {
         "C": "Equal rewards leave the reference's ratio untouched: the optimum evens them out only if the rewards are changed.",
         "D": "The forward-KL optimum beta pi_ref(a) / (lambda - r(a)) also keeps pi_ref's ratio when r(a) = r(b).",
     },
+    ("project1_ppo_kl", "q5"): {
+        "A": "A truncated episode did not end in a failure: its last state has a value, so treating it as terminal biases the advantages down.",
+        "B": "After an auto-reset the returned obs is the next episode's first state, whose value says nothing about the truncated one's future.",
+        "D": "The truncated episode is over: carrying the sum into the next episode mixes the returns of two episodes.",
+    },
 }
