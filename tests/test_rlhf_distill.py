@@ -311,3 +311,62 @@ def test_distil_lowers_its_own_divergence(method):
     first = np.mean([h["divergence"] for h in hist[:5]])
     last = np.mean([h["divergence"] for h in hist[-5:]])
     assert last < 0.5 * first, (first, last)
+
+
+# --------------------------------------------------------------------------- the teacher-logit cache
+def _alone_logits(model, tok, prompt, resp):
+    """The model's logits predicting ``resp`` after ``bos + prompt``, one unpadded sequence."""
+    ids = torch.tensor([[tok.bos_token_id] + tok.encode(prompt, add_special_tokens=False) + list(resp)])
+    with torch.no_grad():
+        full = model(input_ids=ids).logits[0]
+    P = ids.shape[1] - len(resp)
+    return full[P - 1:-1]
+
+
+def test_pool_teacher_logits_match_each_pair_alone():
+    tok = small_tokenizer()
+    teacher = micro_policy(tok, seed=1)
+    eos = tok.eos_token_id
+    enc = lambda s: tok.encode(s, add_special_tokens=False)
+    pool = [("the food was", enc(" good .") + [eos]), ("i found the menu", enc(" bad")),
+            ("overall the room was", enc(" fine and the food was good .") + [eos]), ("the food was", [eos])]
+    got = Dl.pool_teacher_logits(teacher, tok, pool, batch_size=3)          # two chunks, padded both sides
+    assert len(got) == len(pool)
+    for (prompt, resp), lg in zip(pool, got):
+        assert lg.shape == (len(resp), len(tok))
+        torch.testing.assert_close(lg, _alone_logits(teacher, tok, prompt, resp), rtol=1e-4, atol=1e-4)
+    # gathered rows: right-padded with zeros, the layout of rollout_from_tokens on the same rows
+    rows = [2, 0, 0, 3]
+    batch = Dl.gather_pool_logits(got, rows)
+    ro = Dl.rollout_from_tokens(tok, [pool[i][0] for i in rows], [pool[i][1] for i in rows])
+    assert batch.shape[:2] == ro.response_ids.shape
+    for b, i in enumerate(rows):
+        n = len(pool[i][1])
+        torch.testing.assert_close(batch[b, :n], _alone_logits(teacher, tok, *pool[i]), rtol=1e-4, atol=1e-4)
+        assert torch.all(batch[b, n:] == 0) and ro.response_mask[b, n:].sum() == 0
+    with pytest.raises(ValueError, match="rows"):
+        Dl.gather_pool_logits(got, [])
+    with pytest.raises(ValueError, match="batch_size"):
+        Dl.pool_teacher_logits(teacher, tok, pool, batch_size=0)
+
+
+def test_distil_with_cached_teacher_logits_is_the_uncached_run():
+    # forward KL on a teacher pool: gathering the pool's teacher logits gives the run that
+    # recomputes them on every batch (same samples, same history and student up to rounding)
+    tok = small_tokenizer()
+    teacher = micro_policy(tok, seed=1)
+    for p in teacher.parameters():
+        p.requires_grad_(False)
+    prompts = ["the food was", "i found the menu", "overall the room was"]
+    cfg = Dl.DistillConfig(method="forward_kl", steps=12, batch_size=8, lr=1e-2, max_new_tokens=6, teacher_pool=32)
+    runs = {}
+    for cache in (True, False):
+        student = micro_policy(tok, seed=2)
+        runs[cache] = (Dl.distil(teacher, student, tok, prompts, cfg, seed=3, cache_teacher=cache), student)
+    (h1, s1), (h0, s0) = runs[True], runs[False]
+    assert [h["length"] for h in h1] == [h["length"] for h in h0]          # the same pool rows every step
+    for key in ("loss", "divergence"):
+        np.testing.assert_allclose([h[key] for h in h1], [h[key] for h in h0], rtol=1e-4, atol=1e-6)
+    assert h1[-1]["divergence"] < h1[0]["divergence"]                      # it trained
+    for a, b in zip(s1.parameters(), s0.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)

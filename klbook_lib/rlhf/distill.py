@@ -60,7 +60,8 @@ from .ppo import Rollout, encode_prompts, response_logits, sample_responses
 
 __all__ = [
     "METHODS", "token_divergence", "forward_kl_loss", "reverse_kl_loss", "gkd_loss",
-    "DistillConfig", "make_student", "distil", "train_student", "evaluate_student",
+    "DistillConfig", "make_student", "pool_teacher_logits", "gather_pool_logits", "distil", "train_student",
+    "evaluate_student",
     "response_style", "sentiment_class", "rollout_from_tokens", "load_student_init", "student_report",
 ]
 
@@ -267,8 +268,42 @@ def _response_logits(model, rollout):
     return response_logits(model, rollout, 1.0)
 
 
+def pool_teacher_logits(teacher, tokenizer, pool: Sequence[tuple[str, Sequence[int]]],
+                        batch_size: int = 512) -> list[torch.Tensor]:
+    """The teacher's logits ``[len(y), V]`` that predict each token of every pool response ``y``.
+
+    ``pool`` holds ``(prompt, response token ids)`` pairs. The teacher is fixed, so in
+    :func:`distil` these logits are computed once per pool and reused by every step that
+    draws the pair (:func:`gather_pool_logits`), instead of a teacher forward pass per step;
+    they equal :func:`klbook_lib.rlhf.ppo.response_logits` of the teacher on any batch that
+    contains the pair, to float rounding (the logits are padding-aware).
+    """
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size: must be a positive integer, got {batch_size!r}")
+    out: list[torch.Tensor] = []
+    with torch.no_grad():
+        for start in range(0, len(pool), batch_size):
+            chunk = pool[start:start + batch_size]
+            ro = rollout_from_tokens(tokenizer, [p for p, _ in chunk], [r for _, r in chunk])
+            logits = _response_logits(teacher, ro)
+            out += [logits[b, :len(r)].clone() for b, (_, r) in enumerate(chunk)]
+    return out
+
+
+def gather_pool_logits(pool_logits: Sequence[torch.Tensor], rows: Sequence[int]) -> torch.Tensor:
+    """``[len(rows), N, V]`` teacher logits of the pool rows ``rows``, right-padded with zeros.
+
+    ``N`` is the longest response among ``rows``: the layout of
+    :func:`rollout_from_tokens` on the same rows (its mask is 0 on the padded positions).
+    """
+    if not len(rows):
+        raise ValueError("rows: need at least one pool row")
+    picked = [pool_logits[i] for i in rows]
+    return torch.nn.utils.rnn.pad_sequence(picked, batch_first=True, padding_value=0.0)
+
+
 def distil(teacher, student, tokenizer, prompts: Sequence[str], config: DistillConfig | None = None,
-           seed: int = 0, progress: bool = False) -> list[dict]:
+           seed: int = 0, progress: bool = False, cache_teacher: bool = True) -> list[dict]:
     """Train ``student`` in place towards ``teacher`` with ``config.method``; return a history.
 
     Each step draws ``batch_size`` prompts, samples one response per prompt from the teacher
@@ -276,7 +311,10 @@ def distil(teacher, student, tokenizer, prompts: Sequence[str], config: DistillC
     models' logits on those responses and takes one Adam step on the method's loss. The
     history logs ``loss`` and the exact per-sequence divergence the method estimates on its
     own samples (``divergence``: forward KL on teacher samples, reverse KL or JSD on student
-    samples).
+    samples). With a teacher pool (``forward_kl``, ``teacher_pool > 0``) and ``cache_teacher``
+    (default) the teacher's logits on the pool are computed once (:func:`pool_teacher_logits`)
+    and gathered each step; ``cache_teacher=False`` recomputes them on every batch (the same
+    numbers to float rounding, ``tests/test_rlhf_distill.py``).
     """
     cfg = (config or DistillConfig()).check()
     prompts = list(prompts)
@@ -295,6 +333,7 @@ def distil(teacher, student, tokenizer, prompts: Sequence[str], config: DistillC
             for b in range(k):
                 toks = ro.response_ids[b][ro.response_mask[b].bool()].tolist()
                 pool.append((ro.prompts[b], toks))
+    pool_logits = pool_teacher_logits(teacher, tokenizer, pool) if pool is not None and cache_teacher else None
     history = []
     for step in tqdm(range(cfg.steps), desc=f"distil {cfg.method}", disable=not progress):
         student.eval()
@@ -306,8 +345,11 @@ def distil(teacher, student, tokenizer, prompts: Sequence[str], config: DistillC
             batch = [prompts[i] for i in idx]
             sampler = teacher if cfg.method == "forward_kl" else student
             ro = sample_responses(sampler, tokenizer, batch, cfg.max_new_tokens, 1.0, gen)
-        with torch.no_grad():
-            t_logits = _response_logits(teacher, ro)
+        if pool_logits is not None:
+            t_logits = gather_pool_logits(pool_logits, rows)
+        else:
+            with torch.no_grad():
+                t_logits = _response_logits(teacher, ro)
         student.train()
         s_logits = _response_logits(student, ro)
         mask = ro.response_mask
@@ -423,9 +465,12 @@ def sentiment_class(response: str, threshold: float = 0.25) -> str:
 
 
 @torch.no_grad()
-def _nll_and_kl(model_a, model_b, rollout):
-    """Per-sequence ``-log a(y)`` summed over tokens, token counts and exact ``sum_t KL(a || b)``."""
-    la = _response_logits(model_a, rollout)
+def _nll_and_kl(model_a, model_b, rollout, logits_a=None):
+    """Per-sequence ``-log a(y)`` summed over tokens, token counts and exact ``sum_t KL(a || b)``.
+
+    ``logits_a``: ``model_a``'s response logits on ``rollout`` if already computed.
+    """
+    la = _response_logits(model_a, rollout) if logits_a is None else logits_a
     lb = _response_logits(model_b, rollout)
     mask = rollout.response_mask.bool()
     logp = torch.log_softmax(la, -1).gather(-1, rollout.response_ids.unsqueeze(-1)).squeeze(-1)
@@ -460,19 +505,22 @@ def evaluate_student(pipe, student, n: int = 512, seed: int = 1234, teacher_roll
     idx = torch.randint(len(pipe.prompts), (n,), generator=gen).tolist()
     prompts = [pipe.prompts[i] for i in idx]
     student.eval()
+    t_logits = None
     if teacher_rollout is None:             # the same teacher samples for every student evaluated with this seed
         key = (id(pipe.ref_model), tuple(prompts), seed)
         if key not in _TEACHER_ROLLOUTS:
             _TEACHER_ROLLOUTS.clear()       # keep one: a chapter evaluates all its students on the same samples
-            _TEACHER_ROLLOUTS[key] = sample_responses(pipe.ref_model, pipe.tokenizer, prompts, 16, 1.0,
-                                                      torch.Generator().manual_seed(seed + 1))
-        teacher_rollout = _TEACHER_ROLLOUTS[key]
+            ro = sample_responses(pipe.ref_model, pipe.tokenizer, prompts, 16, 1.0,
+                                  torch.Generator().manual_seed(seed + 1))
+            # the teacher is fixed: its logits on its own samples are computed once, with the samples
+            _TEACHER_ROLLOUTS[key] = (ro, _response_logits(pipe.ref_model, ro))
+        teacher_rollout, t_logits = _TEACHER_ROLLOUTS[key]
     ro_t = teacher_rollout
     ro_s = sample_responses(student, pipe.tokenizer, prompts, 16, 1.0, gen)
     # student samples: KL(q || p), teacher's NLL of them, student's entropy
     nll_q_s, nll_p_s, len_s, rkl, ent = _nll_and_kl(student, pipe.ref_model, ro_s)
     # teacher samples: KL(p || q), student's NLL of them
-    nll_p_t, nll_q_t, len_t, fkl, _ = _nll_and_kl(pipe.ref_model, student, ro_t)
+    nll_p_t, nll_q_t, len_t, fkl, _ = _nll_and_kl(pipe.ref_model, student, ro_t, logits_a=t_logits)
 
     def mean_se(x):
         x = np.asarray(x, dtype=float)
