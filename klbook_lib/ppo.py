@@ -35,6 +35,13 @@ and environments batched into one computation; seed ``s`` of the batch is the ru
 
     results = kb.ppo.train_seeds(kb.ppo.PPOConfig(), seeds=range(10))   # list of PPOResult
 
+or a list of configs that differ only in ``seed`` and :data:`PER_SEED` (each seed's own
+``pi_A`` fine-tuned with its own anchor), member ``i`` being ``train(configs[i])``::
+
+    configs = [kb.ppo.PPOConfig(seed=s, init_agent=pi[s], anchor_agent=pi[s], anchor_obs=states[s],
+                                anchor_coef=0.1, env_kwargs={"length": 0.05}) for s in seeds]
+    results = kb.ppo.train_seeds(configs)
+
 ``res.history`` is a dict of lists, one entry per update (see :data:`HISTORY_KEYS`).
 ``res.agent`` is the trained :class:`Agent`; ``res.kl_controller`` the controller after
 training (the config's controller is deep-copied, so a config can be reused).
