@@ -35,6 +35,13 @@ and environments batched into one computation; seed ``s`` of the batch is the ru
 
     results = kb.ppo.train_seeds(kb.ppo.PPOConfig(), seeds=range(10))   # list of PPOResult
 
+or a list of configs that differ only in ``seed`` and :data:`PER_SEED` (each seed's own
+``pi_A`` fine-tuned with its own anchor), member ``i`` being ``train(configs[i])``::
+
+    configs = [kb.ppo.PPOConfig(seed=s, init_agent=pi[s], anchor_agent=pi[s], anchor_obs=states[s],
+                                anchor_coef=0.1, env_kwargs={"length": 0.05}) for s in seeds]
+    results = kb.ppo.train_seeds(configs)
+
 ``res.history`` is a dict of lists, one entry per update (see :data:`HISTORY_KEYS`).
 ``res.agent`` is the trained :class:`Agent`; ``res.kl_controller`` the controller after
 training (the config's controller is deep-copied, so a config can be reused).
@@ -93,7 +100,7 @@ from klbook_lib.divergences import gaussian_kl, kl_from_log_probs
 
 __all__ = ["PPOConfig", "PPOResult", "Agent", "AgentEnsemble", "train", "train_seeds", "evaluate", "gae",
            "surrogate_loss", "check_logprobs_fresh", "StaleLogProbError", "HISTORY_KEYS", "OBJECTIVES",
-           "KL_PENALTY_ESTIMATORS", "NOT_BATCHED"]
+           "KL_PENALTY_ESTIMATORS", "NOT_BATCHED", "PER_SEED"]
 
 OBJECTIVES = ("clip", "kl_penalty", "clip+kl_penalty")
 KL_PENALTY_ESTIMATORS = ("exact", "k1", "k2", "k3")
@@ -926,8 +933,41 @@ class AgentEnsemble:
 
 
 #: Config fields :func:`train_seeds` does not batch (train those seeds one by one with :func:`train`).
-NOT_BATCHED = ("policy_loss_fn", "init_agent", "anchor_agent", "bug_recompute_old_logprobs",
-               "bug_flip_logratio", "bug_no_logratio_clamp", "bug_no_std_floor")
+NOT_BATCHED = ("policy_loss_fn", "bug_recompute_old_logprobs", "bug_flip_logratio", "bug_no_logratio_clamp",
+               "bug_no_std_floor")
+
+#: Config fields that may differ between the configs of one :func:`train_seeds` batch (besides ``seed``):
+#: each seed may start from its own weights and keep to its own anchor (fine-tuning, chapter 13).
+PER_SEED = ("init_agent", "anchor_agent", "anchor_obs")
+
+
+def _batch_configs(config, seeds) -> list[PPOConfig]:
+    """The configs of a :func:`train_seeds` batch: ``config`` once per seed, or a list of configs
+    that agree on every field except ``seed`` and :data:`PER_SEED`."""
+    if isinstance(config, (list, tuple)):
+        if seeds is not None:
+            raise ValueError("seeds: give the seeds in the configs (PPOConfig.seed) or as seeds=, not both")
+        cfgs = list(config)
+        if not cfgs or any(not isinstance(c, PPOConfig) for c in cfgs):
+            raise ValueError("config: expected a PPOConfig or a non-empty list of PPOConfigs")
+        for f in fields(PPOConfig):
+            if f.name in ("seed", *PER_SEED):
+                continue
+            first = getattr(cfgs[0], f.name)
+            for c in cfgs[1:]:
+                v = getattr(c, f.name)
+                if v is not first and v != first:
+                    raise ValueError(f"config: {f.name} differs between the configs ({first!r} vs {v!r}); "
+                                     f"only seed and {', '.join(PER_SEED)} may differ within one batch")
+    else:
+        cfg = config if config is not None else PPOConfig()
+        if not isinstance(cfg, PPOConfig):
+            raise ValueError(f"config: expected a PPOConfig, got {type(cfg).__name__}")
+        cfgs = [replace(cfg, seed=s) for s in (range(10) if seeds is None else seeds)]   # checks every seed
+    seeds = [c.seed for c in cfgs]
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds: need distinct seeds, got {seeds!r}")
+    return cfgs
 
 
 def _member_grad_norms(loss: torch.Tensor, params: list[torch.Tensor]) -> list[float]:
@@ -937,25 +977,51 @@ def _member_grad_norms(loss: torch.Tensor, params: list[torch.Tensor]) -> list[f
     return [math.sqrt(x) for x in torch.stack(sq, 1).sum(1).tolist()]
 
 
-def train_seeds(config: PPOConfig | None = None, seeds: Sequence[int] = range(10), progress: bool = True,
+def _batch_anchor(cfgs: list[PPOConfig], env, device) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Each member's anchor states and its ``pi_A``'s logits there, stacked: ``(K, M, obs_dim)``
+    and ``(K, M, n_actions)``; None when no config has an anchor."""
+    have = [c.anchor_agent is not None for c in cfgs]
+    if not any(have):
+        return None
+    if not all(have):
+        raise ValueError("anchor_agent: give every config of the batch an anchor, or none")
+    states, logits = [], []
+    for c in cfgs:
+        a_obs = torch.as_tensor(c.anchor_obs, dtype=torch.float32, device=device)
+        if a_obs.ndim != 2 or a_obs.shape[1] != env.obs_dim or a_obs.shape[0] == 0:
+            raise ValueError(f"anchor_obs: expected a non-empty (M, {env.obs_dim}) tensor of states, "
+                             f"got shape {tuple(a_obs.shape)}")
+        if a_obs.shape[0] != (states[0].shape[0] if states else a_obs.shape[0]):
+            raise ValueError(f"anchor_obs: train_seeds needs the same number of anchor states for every "
+                             f"seed, got {states[0].shape[0]} and {a_obs.shape[0]}")
+        if not c.anchor_agent.discrete:
+            raise ValueError("anchor_agent: its action type does not match the environment's")
+        with torch.no_grad():
+            logits.append(copy.deepcopy(c.anchor_agent).to(device).dist_params(a_obs)[0].detach())
+        states.append(a_obs)
+    return torch.stack(states), torch.stack(logits)
+
+
+def train_seeds(config: PPOConfig | Sequence[PPOConfig] | None = None, seeds: Sequence[int] | None = None,
+                progress: bool = True,
                 callback: Callable[[int, int, "Agent", dict], Any] | None = None) -> list[PPOResult]:
-    """Train ``config`` once per seed in ``seeds``, all seeds as one batched computation.
+    """Train ``config`` once per seed in ``seeds`` (default ``range(10)``), all seeds as one
+    batched computation.
 
     Returns one :class:`PPOResult` per seed, in the order of ``seeds``, each as
     ``train(replace(config, seed=s))`` returns it (the same history keys, one entry per update
     of that seed; ``wall_time`` and ``solved_at_time`` are seconds since the start of the
     batched run). A seed stops at ``stop_at_return`` as alone; the others go on.
+    ``config`` may instead be a list of configs (then without ``seeds``), one per member, that
+    differ only in ``seed`` and the fields of :data:`PER_SEED`: member ``i`` is
+    ``train(config[i])``, e.g. each seed's ``pi_A`` fine-tuned with its own anchor
+    (``init_agent``, ``anchor_agent``, ``anchor_obs``; the anchors need the same number of states).
     ``callback(seed, update, agent, record)`` is called after each update of each seed with a
     copy of that seed's agent. Categorical policies only (CartPole, DeceptiveChain), and none
     of the fields in :data:`NOT_BATCHED`.
     """
-    cfg = config if config is not None else PPOConfig()
-    if not isinstance(cfg, PPOConfig):
-        raise ValueError(f"config: expected a PPOConfig, got {type(cfg).__name__}")
-    seeds = list(seeds)
-    if not seeds or len(set(seeds)) != len(seeds):
-        raise ValueError(f"seeds: need distinct seeds, got {seeds!r}")
-    cfgs = [replace(cfg, seed=s) for s in seeds]     # checks every seed
+    cfgs = _batch_configs(config, seeds)
+    cfg, seeds = cfgs[0], [c.seed for c in cfgs]
     for name in NOT_BATCHED:
         if getattr(cfg, name) not in (None, False):
             raise ValueError(f"{name}: not supported by train_seeds; train these seeds one by one with train()")
@@ -967,15 +1033,21 @@ def train_seeds(config: PPOConfig | None = None, seeds: Sequence[int] = range(10
     if not env.discrete:
         raise ValueError(f"env: train_seeds batches categorical policies only, got {cfg.env!r}")
     agents, sample_gens, perm_gens = [], [], []
-    for s in seeds:                                  # each seed's generators, drawn as train() draws them
+    for s, c in zip(seeds, cfgs):                    # each seed's generators, drawn as train() draws them
         torch.manual_seed(s)
         agents.append(Agent(env.obs_dim, n_actions=env.n_actions, hidden_sizes=cfg.hidden_sizes,
                             log_std_init=cfg.log_std_init, std_min=cfg.std_min).to(device))
+        if c.init_agent is not None:                 # fine-tuning: start from given weights
+            if ({k: v.shape for k, v in c.init_agent.state_dict().items()}
+                    != {k: v.shape for k, v in agents[-1].state_dict().items()}):
+                raise ValueError("init_agent: its networks do not match this environment and hidden_sizes")
+            agents[-1].load_state_dict(c.init_agent.state_dict())
         perm_gens.append(torch.Generator().manual_seed(0))
         perm_gens[-1].set_state(torch.get_rng_state())   # train()'s randperm uses the global generator
         sample_gens.append(torch.Generator(device=device).manual_seed(s + 1_000_003))
     ens = AgentEnsemble(agents)
     proto = ens.proto
+    anchor = _batch_anchor(cfgs, env, device)       # None, or (states (K, M, obs_dim), pi_A's logits there)
     optimizer = _optim.EnsembleAdam(ens.params, lr=cfg.learning_rate, eps=cfg.adam_eps)
     actor_idx = [i for i, n in enumerate(ens.names) if not n.startswith("critic.")]
 
@@ -1111,6 +1183,8 @@ def train_seeds(config: PPOConfig | None = None, seeds: Sequence[int] = range(10
                         for k in range(K):
                             if stepping[k]:
                                 grad_ratio[k] = (num[k] / den[k] if den[k] else (0.0 if num[k] == 0 else math.inf))
+                if anchor is not None and cfg.anchor_coef > 0:   # each seed stays close to its pi_A
+                    loss = loss + cfg.anchor_coef * proto.exact_kl((anchor[1],), (ens.logits(anchor[0]),)).mean(-1)
                 optimizer.zero_grad()
                 loss.sum().backward()
                 if cfg.max_grad_norm is not None:    # clip_grad_norm_ of each seed's own gradient
@@ -1151,11 +1225,13 @@ def train_seeds(config: PPOConfig | None = None, seeds: Sequence[int] = range(10
             cf = torch.stack(clipfracs, 1)           # (K, steps): a stopped seed's steps are a prefix
             cf_mean = (cf.mean(-1) if min(n_steps) == len(clipfracs)
                        else torch.stack([cf[k, :n_steps[k]].mean() for k in range(K)]))
+            anchor_kl = (proto.exact_kl((anchor[1],), (ens.logits(anchor[0]),)).mean(-1) if anchor is not None
+                         else torch.zeros(K, device=device))
             per = torch.stack([ent_states.mean(-1), (math.log(env.n_actions) - ent_states).mean(-1),
-                               1 - var_res / var_y, var_y, cf_mean, *last]).tolist()
+                               1 - var_res / var_y, var_y, cf_mean, *last, anchor_kl]).tolist()
         finished = []
         for k, i in enumerate(live):
-            entropy, kl_uniform, ev, vy, clip_frac, pg, vl, pen = (col[k] for col in per)
+            entropy, kl_uniform, ev, vy, clip_frac, pg, vl, pen, a_kl = (col[k] for col in per)
             stats = monitors[i].record(exact[k], full_logratio[k])
             if not math.isfinite(stats["kl_exact_mean"]):
                 raise FloatingPointError(f"seed {seeds[i]}: the KL after update {update} is "
@@ -1172,7 +1248,7 @@ def train_seeds(config: PPOConfig | None = None, seeds: Sequence[int] = range(10
                    "entropy": entropy, "grad_ratio": grad_ratio[k], "policy_loss": pg, "value_loss": vl,
                    "epochs_run": epochs_run[k], "explained_variance": ev if vy > 0 else float("nan"),
                    "episodic_return": ep_mean[k], "episodes_finished": len(res.episode_returns),
-                   "ent_coef": ent_coefs[k], "kl_uniform_mean": kl_uniform, "anchor_kl": 0.0}
+                   "ent_coef": ent_coefs[k], "kl_uniform_mean": kl_uniform, "anchor_kl": a_kl}
             for key in HISTORY_KEYS:
                 res.history[key].append(rec[key])
             if callback is not None:
@@ -1191,6 +1267,8 @@ def train_seeds(config: PPOConfig | None = None, seeds: Sequence[int] = range(10
                 break
             optimizer.keep(keep, ens.keep(keep))
             env.keep(keep)
+            if anchor is not None:
+                anchor = tuple(x[keep] for x in anchor)
             live = [live[k] for k in keep]
             obs, ep_start = obs[keep], ep_start[keep]
         if progress and update % 10 == 0:

@@ -1,5 +1,6 @@
 """PPO: configuration checks, the stale-log-prob guard, KL control plumbing, and learning."""
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -419,6 +420,37 @@ def test_train_seeds_callback_and_refusals():
         ppo.train_seeds(ppo.PPOConfig.pendulum(total_timesteps=1024), [0, 1], progress=False)
     with pytest.raises(ValueError, match="seeds"):
         ppo.train_seeds(ppo.PPOConfig(**SHORT), [1, 1], progress=False)
+
+
+def test_train_seeds_fine_tunes_each_seed_from_its_own_agent_with_its_own_anchor():
+    """A list of configs, one per seed, each starting from its own pi_A and anchored to it on its
+    own states (chapter 13's fine-tunes): each member is train(that config), anchor_kl included."""
+    starts = ppo.train_seeds(ppo.PPOConfig(**SHORT), [0, 3], progress=False)
+    gen = torch.Generator().manual_seed(0)
+    states = [torch.randn(48, 4, generator=gen) * 0.1 for _ in starts]
+    kw = dict(env_kwargs={"length": 0.25}, total_timesteps=1536, stop_at_return=None, anchor_coef=10.0,
+              learning_rate=3e-2, anneal_lr=False)
+    cfgs = [ppo.PPOConfig(seed=100 + i, init_agent=r.agent, anchor_agent=r.agent, anchor_obs=S, **kw)
+            for i, (r, S) in enumerate(zip(starts, states))]
+    batched = ppo.train_seeds(cfgs, progress=False)
+    assert [r.config.seed for r in batched] == [100, 101]
+    for b, c in zip(batched, cfgs):
+        alone = ppo.train(c, progress=False)
+        _assert_same_run(b, alone)
+        assert min(alone.history["anchor_kl"]) > 0            # the anchor term was live
+    # the anchor acted: without it the same seeds drift further from pi_A
+    free = ppo.train_seeds([replace(c, anchor_coef=0.0) for c in cfgs], progress=False)
+    for b, f in zip(batched, free):
+        assert b.history["anchor_kl"][-1] < f.history["anchor_kl"][-1]
+    with pytest.raises(ValueError, match="learning_rate"):
+        ppo.train_seeds([cfgs[0], replace(cfgs[1], learning_rate=1e-3)], progress=False)
+    with pytest.raises(ValueError, match="seeds"):
+        ppo.train_seeds(cfgs, [100, 101], progress=False)
+    with pytest.raises(ValueError, match="anchor_obs"):
+        ppo.train_seeds([cfgs[0], replace(cfgs[1], anchor_obs=states[1][:10])], progress=False)
+    with pytest.raises(ValueError, match="anchor_agent"):
+        ppo.train_seeds([replace(cfgs[0], anchor_coef=0.0),
+                         replace(cfgs[1], anchor_agent=None, anchor_obs=None, anchor_coef=0.0)], progress=False)
 
 
 def test_every_hyperparameter_is_described_and_logged():
