@@ -149,26 +149,27 @@ def _preflight(kl_penalty_loss: Callable, beta_rule: Callable) -> None:
     RuleController(beta_rule).update(0.05)
 
 
-def kl_probe_inputs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def kl_probe_inputs(seed: int = 2024) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Fixed inputs of the KL-term probe: ``(logits_new, logits_old, actions, advantages)`` of 16
     states and 2 actions (float64; a policy that moved, advantages that are not zero)."""
-    g = torch.Generator().manual_seed(2024)
+    g = torch.Generator().manual_seed(seed)
     old = torch.randn(16, 2, generator=g, dtype=torch.float64)
     new = old + 0.3 * torch.randn(16, 2, generator=g, dtype=torch.float64)
     actions = torch.randint(0, 2, (16,), generator=g).double()
     return new, old, actions, torch.randn(16, generator=g, dtype=torch.float64)
 
 
-def kl_probe(kl_penalty_loss: Callable) -> np.ndarray:
+def kl_probe(kl_penalty_loss: Callable, seed: int = 2024, name: str = "kl_penalty_loss") -> np.ndarray:
     """``[L(beta) - L(0), d(L(beta) - L(0)) / d logits_new (32 numbers)]`` of the loss on
-    :func:`kl_probe_inputs`, ``beta =`` :data:`PROBE_BETA`: the loss's KL term and its gradient."""
-    new, old, actions, adv = kl_probe_inputs()
+    :func:`kl_probe_inputs`, ``beta =`` :data:`PROBE_BETA`: the loss's KL term and its gradient.
+    ``name`` is the student's function, for the error message."""
+    new, old, actions, adv = kl_probe_inputs(seed)
     out = []
     for beta in (PROBE_BETA, 0.0):
         logits = new.clone().requires_grad_(True)
         loss = kl_penalty_loss(logits, old.clone(), actions.clone(), adv.clone(), beta, 0.2)
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-            raise ValueError("kl_penalty_loss must return a scalar torch tensor")
+            raise ValueError(f"{name} must return a scalar torch tensor")
         loss = loss.reshape(())
         grad, = torch.autograd.grad(loss, logits, allow_unused=True)
         grad = torch.zeros_like(logits) if grad is None else grad
@@ -176,9 +177,9 @@ def kl_probe(kl_penalty_loss: Callable) -> np.ndarray:
     return out[0] - out[1]
 
 
-def expected_kl_probe() -> np.ndarray:
+def expected_kl_probe(seed: int = 2024) -> np.ndarray:
     """What :func:`kl_probe` gives for a correct loss, computed here with its own formula."""
-    new, old, _, _ = kl_probe_inputs()
+    new, old, _, _ = kl_probe_inputs(seed)
     lp_new, lp_old = torch.log_softmax(new, -1), torch.log_softmax(old, -1)
     kl = (lp_old.exp() * (lp_old - lp_new)).sum(-1).mean()
     grad = (lp_new.exp() - lp_old.exp()) / len(new)

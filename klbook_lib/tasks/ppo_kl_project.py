@@ -33,13 +33,15 @@ import numpy as np
 import torch
 from torch import nn
 
+from klbook_lib.tasks import cartpole_kl
+
 OBS_DIM, N_ACTIONS, HIDDEN = 4, 2, 64
 BUDGET = 200_000                  # environment steps of one run
 EVAL_EPISODES = 32
 LEARNED_RETURN, SOLVED_RETURN = 200.0, 475.0
 KL_BAND = (0.5, 2.0)              # the median per-update KL, in units of the run's target
 HISTORY_COLUMNS = ("global_step", "kl", "beta")
-PROBE_BETA = 0.7
+PROBE_BETA = cartpole_kl.PROBE_BETA   # the same probe as exercise 3
 PROBE_RTOL = 1e-4
 LAST_KL_RTOL = 1e-3
 RULE_AGREEMENT = 0.9              # share of logged beta changes that must follow the rule
@@ -90,37 +92,23 @@ def evaluate(vector, episodes: int = EVAL_EPISODES, seed: int = 0) -> list[float
     return done_ret.tolist()
 
 
+PROBE_SEED = 2025                 # other inputs than exercise 3's probe (the same probe)
+
+
 def kl_probe_inputs() -> tuple[torch.Tensor, ...]:
     """Fixed inputs ``(logits_new, logits_old, actions, advantages)`` of 16 states, 2 actions."""
-    g = torch.Generator().manual_seed(2025)
-    old = torch.randn(16, 2, generator=g, dtype=torch.float64)
-    new = old + 0.3 * torch.randn(16, 2, generator=g, dtype=torch.float64)
-    actions = torch.randint(0, 2, (16,), generator=g).double()
-    return new, old, actions, torch.randn(16, generator=g, dtype=torch.float64)
+    return cartpole_kl.kl_probe_inputs(PROBE_SEED)
 
 
 def kl_probe(loss_fn: Callable) -> np.ndarray:
-    """``[L(beta) - L(0), its gradient in logits_new]`` of ``loss_fn`` on :func:`kl_probe_inputs`."""
-    new, old, actions, adv = kl_probe_inputs()
-    out = []
-    for beta in (PROBE_BETA, 0.0):
-        logits = new.clone().requires_grad_(True)
-        loss = loss_fn(logits, old.clone(), actions.clone(), adv.clone(), beta, 0.2)
-        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-            raise ValueError("ppo_kl_loss must return a scalar torch tensor")
-        grad, = torch.autograd.grad(loss.reshape(()), logits, allow_unused=True)
-        grad = torch.zeros_like(logits) if grad is None else grad
-        out.append(np.concatenate([[float(loss.detach())], grad.detach().double().reshape(-1).numpy()]))
-    return out[0] - out[1]
+    """``[L(beta) - L(0), its gradient in logits_new]`` of ``loss_fn`` on :func:`kl_probe_inputs`
+    (:func:`klbook_lib.tasks.cartpole_kl.kl_probe`, exercise 3's probe)."""
+    return cartpole_kl.kl_probe(loss_fn, seed=PROBE_SEED, name="ppo_kl_loss")
 
 
 def expected_kl_probe() -> np.ndarray:
-    """What :func:`kl_probe` gives for a correct loss, from its own formula."""
-    new, old, _, _ = kl_probe_inputs()
-    lp_new, lp_old = torch.log_softmax(new, -1), torch.log_softmax(old, -1)
-    kl = (lp_old.exp() * (lp_old - lp_new)).sum(-1).mean()
-    grad = (lp_new.exp() - lp_old.exp()) / len(new)
-    return PROBE_BETA * np.concatenate([[float(kl)], grad.reshape(-1).numpy()])
+    """What :func:`kl_probe` gives for a correct loss."""
+    return cartpole_kl.expected_kl_probe(PROBE_SEED)
 
 
 def package(run, loss_fn: Callable) -> list:
