@@ -2,11 +2,12 @@
 the scores and messages of a grading result, and a set of wrong answers."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import nbformat
 
-from klbook_lib.grading import grader
+from klbook_lib.grading import grader, student
 
 REPO = Path(grader.__file__).resolve().parents[2]      # the checkout whose grader is under test
 MASTERS = REPO / "exercises" / "masters"
@@ -50,3 +51,16 @@ def points(result: dict) -> dict:
 
 def messages(result: dict, qid: str) -> str:
     return " | ".join(next(q for q in result["questions"] if q["id"] == qid)["messages"])
+
+
+def replace_function(cells: list[str], name: str, new: str) -> list[str]:
+    """Replace the definition of ``name`` (up to the next top-level statement) by ``new``."""
+    hits = [i for i, c in enumerate(cells) if re.search(rf"^def {name}\(", c, re.M)]
+    assert len(hits) == 1, name
+    src = cells[hits[0]]
+    start = re.search(rf"^def {name}\(", src, re.M).start()
+    rest = src[start:].split("\n")
+    end = next((i for i, line in enumerate(rest[1:], 1) if line and not line[0].isspace()), len(rest))
+    out = list(cells)
+    out[hits[0]] = src[:start] + student.strip_solutions(new) + "\n" + "\n".join(rest[end:])
+    return out

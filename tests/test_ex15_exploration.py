@@ -27,6 +27,8 @@ from klbook_lib.grading.grader import grade
 from klbook_lib.grading.hidden import bank
 from klbook_lib.grading.hidden import ex15_exploration as ex
 
+from grading_helpers import replace_function
+
 EX = "ex15_exploration_anchors_optimum"
 MASTER = Path(__file__).resolve().parents[1] / "exercises" / "masters" / f"{EX}.ipynb"
 
@@ -190,19 +192,6 @@ def test_start_and_the_grader_find_ex15_by_its_number(tmp_path):
 
 
 # ---------------------------------------------------------------- classic wrong answers
-def _replace(cells: list[str], name: str, body: str) -> list[str]:
-    """Replace the definition of ``name`` (up to the next top-level statement) by ``body``."""
-    hits = [i for i, c in enumerate(cells) if re.search(rf"^def {name}\(", c, re.M)]
-    assert len(hits) == 1, name
-    src = cells[hits[0]]
-    start = re.search(rf"^def {name}\(", src, re.M).start()
-    rest = src[start:].split("\n")
-    end = next((i for i, line in enumerate(rest[1:], 1) if line and not line[0].isspace()), len(rest))
-    out = list(cells)
-    out[hits[0]] = src[:start] + body + "\n" + "\n".join(rest[end:])
-    return out
-
-
 # (question, function, wrong body, the probe of a failing hidden case, whether the question scores 0)
 TRAPS = {
     "Z sums exp(r / beta) only": ("q1", "optimal_policy", '''def optimal_policy(pi_ref, r, beta):
@@ -327,7 +316,7 @@ def test_classic_mistakes_lose_their_points(tmp_path, round_):
     trapped = {}
     for variant in ROUNDS[round_]:
         qid, name, body, probe, core = TRAPS[variant]
-        cells = _replace(cells, name, body)
+        cells = replace_function(cells, name, body)
         trapped[qid] = (variant, probe, core)
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
     path = tmp_path / f"{EX}.ipynb"

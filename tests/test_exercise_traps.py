@@ -26,6 +26,8 @@ import torch
 from klbook_lib.grading import student
 from klbook_lib.grading.grader import grade
 
+from grading_helpers import replace_function
+
 REPO = Path(__file__).resolve().parents[1]
 MASTERS = REPO / "exercises" / "masters"
 STUBS = {"train_cartpole": "seed", "train_rlhf": "seed", "train_dpo": "seed", "run_probe": "part, *args"}
@@ -47,19 +49,6 @@ def quick(cells: list[str]) -> list[str]:
                 head = src[: src.index(f"def {name}(")]
                 src = head + f"def {name}({args}):\n    raise NotImplementedError\n"
         out.append(src)
-    return out
-
-
-def replace_function(cells: list[str], name: str, new: str) -> list[str]:
-    """Replace the definition of ``name`` (up to the next top-level statement) by ``new``."""
-    hits = [i for i, c in enumerate(cells) if re.search(rf"^def {name}\(", c, re.M)]
-    assert len(hits) == 1, name
-    src = cells[hits[0]]
-    start = re.search(rf"^def {name}\(", src, re.M).start()
-    rest = src[start:].split("\n")
-    end = next((i for i, line in enumerate(rest[1:], 1) if line and not line[0].isspace()), len(rest))
-    out = list(cells)
-    out[hits[0]] = src[:start] + student.strip_solutions(new) + "\n" + "\n".join(rest[end:])
     return out
 
 
