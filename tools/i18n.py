@@ -1,0 +1,260 @@
+"""The Chinese edition's catalogues and build (issue 27).
+
+    python tools/i18n.py extract     # the English messages of every page -> _build/gettext/*.pot
+    python tools/i18n.py update      # merge them into locales/zh_CN/LC_MESSAGES/*.po (make catalogues)
+    python tools/i18n.py status      # per page: translated / total messages
+    python tools/i18n.py build       # the Chinese edition -> _build/html/zh (make book runs it)
+    python tools/i18n.py export PAGE FILE   # a page's messages as plain text blocks, for translating
+    python tools/i18n.py import PAGE FILE   # those blocks, translated, back into the page's catalogue
+
+``extract`` runs Sphinx's gettext builder over the book with the same configuration as the
+HTML build (the notebooks' outputs come from the jupyter-cache, so glued figures and their
+captions are there). ``update`` keeps every existing translation; a message whose English
+changed becomes fuzzy (Babel's fuzzy matching keeps the old translation as a starting point),
+and a fuzzy or empty message counts as untranslated for the tests and the page's note. A
+message with nothing to translate (a display equation, a lone role or code span) is filled
+with itself. ``build`` is the English build with ``language=zh_CN``, its own doctrees, into
+``_build/html/zh``.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LANGUAGE = "zh_CN"
+POT_DIR = ROOT / "_build" / "gettext"
+LOCALE_DIR = ROOT / "locales" / LANGUAGE / "LC_MESSAGES"
+ZH_HTML = ROOT / "_build" / "html" / "zh"
+
+# what needs no translation: math, MyST roles with their argument, code spans, URLs
+_NO_TEXT = [re.compile(p, re.S) for p in (
+    r"\$\$.*?\$\$", r"\$[^$]*\$", r"\\begin\{(\w+\*?)\}.*?\\end\{\1\}", r"\{[\w:-]+\}`[^`]*`", r"``[^`]*``",
+    r"`[^`]*`", r"https?://\S+")]
+
+
+def needs_translation(msgid: str) -> bool:
+    """False for a message that has no words of prose: only math (inline, display or an
+    environment), roles, code or links, digits and punctuation. Such a message is its own
+    translation. A bare display equation is extracted by Sphinx without its dollars, so a
+    message made of TeX commands and symbols only also counts as math."""
+    text = msgid
+    for pattern in _NO_TEXT:
+        text = pattern.sub(" ", text)
+    if re.fullmatch(r"[\s\W\d_]*", text):
+        return False
+    if "\\" in msgid and not re.search(r"(?<![\\\w])[A-Za-z]{4,}(?![\w{])", re.sub(r"\\[A-Za-z]+", " ", msgid)):
+        return False          # TeX: every word is a command (\mathrm, \frac) or a one- to three-letter symbol
+    return True
+
+
+def _sphinx(outdir: Path, builder: str, doctrees: str, overrides: dict | None = None, **kwargs) -> None:
+    """One Sphinx build of the book as `jupyter-book build` makes it (its config, its toc)."""
+    from jupyter_book.sphinx import build_sphinx
+
+    confoverrides = {"external_toc_path": str(ROOT / "_toc.yml"), "latex_individualpages": False,
+                     **(overrides or {})}
+    result = build_sphinx(ROOT, outdir, noconfig=True, path_config=str(ROOT / "_config.yml"),
+                          confoverrides=confoverrides, builder=builder,
+                          doctreedir=str(ROOT / "_build" / doctrees), **kwargs)
+    if result:
+        raise SystemExit(f"the {builder} build into {outdir} failed")
+
+
+def extract(overrides: dict | None = None) -> None:
+    _sphinx(POT_DIR, "gettext", ".doctrees-gettext", overrides, quiet=True)
+
+
+def _read(path: Path):
+    from babel.messages.pofile import read_po
+
+    with path.open("rb") as f:
+        return read_po(f, locale=LANGUAGE)
+
+
+def _write(catalog, path: Path) -> None:
+    from babel.messages.pofile import write_po
+
+    for message in catalog:          # Babel guesses Python format flags from braces: not ours
+        message.flags.discard("python-format")
+        message.flags.discard("python-brace-format")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("wb") as f:
+        write_po(f, catalog, width=0, omit_header=False, sort_output=False, include_previous=False)
+
+
+def update() -> list[Path]:
+    """Merge every template into its catalogue (created when missing). Returns the paths."""
+    from babel.messages.catalog import Catalog
+
+    if not POT_DIR.is_dir():
+        raise SystemExit(f"{POT_DIR}: no templates; run `python tools/i18n.py extract` first")
+    written = []
+    templates = sorted(POT_DIR.rglob("*.pot"))
+    keep = {t.relative_to(POT_DIR).with_suffix(".po") for t in templates}
+    for template_path in templates:
+        rel = template_path.relative_to(POT_DIR).with_suffix(".po")
+        template = _read(template_path)
+        po_path = LOCALE_DIR / rel
+        if po_path.is_file():
+            catalog = _read(po_path)
+            catalog.update(template, no_fuzzy_matching=False, update_header_comment=False)
+            catalog.obsolete.clear()
+        else:
+            catalog = Catalog(locale=LANGUAGE, project="KL in RL", fuzzy=False)
+            for message in template:
+                if message.id:
+                    catalog.add(message.id, "", locations=message.locations)
+        for message in catalog:
+            if message.id and not needs_translation(message.id) and (not message.string or message.fuzzy):
+                message.string, message.flags = message.id, set()
+        _write(catalog, po_path)
+        written.append(po_path)
+    for stale in LOCALE_DIR.rglob("*.po"):
+        if stale.relative_to(LOCALE_DIR) not in keep:
+            print(f"note: {stale.relative_to(ROOT)} has no page any more (left in place)")
+    return written
+
+
+# ---------------------------------------------------------------- translating by hand
+# A page's messages as plain text, no escaping: each block is
+#     ##### N
+#     <the English message, verbatim>
+#     ----- zh
+#     <its translation (empty: not translated yet)>
+BLOCK = re.compile(r"^##### (\d+)\n(.*?)\n----- zh\n(.*?)(?=\n##### \d+\n|\Z)", re.S | re.M)
+
+# what a translation must keep exactly: math, glued numbers, references, code
+_KEEP = [("display math", re.compile(r"\$\$.*?\$\$", re.S)), ("math", re.compile(r"(?<!\$)\$(?!\$)[^$]+?\$")),
+         ("role", re.compile(r"\{(glue|glue:text|glue:md|eq|numref|ref|doc|cite|cite:p|cite:t|download|prf:ref)\}`[^`]*`")),
+         ("code", re.compile(r"(?<![`}])`[^`]+`"))]
+_TERM = re.compile(r"\{term\}`([^`]*)`")
+
+
+def kept_parts(text: str) -> list[tuple[str, str]]:
+    """The pieces of a message that its translation must contain unchanged: math, the roles
+    that glue numbers or point somewhere, code spans, and each {term} role's target (its
+    title may be translated: {term}`反向 KL <reverse KL>`)."""
+    parts, rest = [], text
+    for kind, pattern in _KEEP:
+        parts += [(kind, m.group(0)) for m in pattern.finditer(rest)]
+        rest = pattern.sub(" ", rest)
+    for m in _TERM.finditer(text):
+        target = re.search(r"<([^<>]*)>\s*$", m.group(1))
+        parts.append(("term", (target.group(1) if target else m.group(1)).strip()))
+    return sorted(parts)
+
+
+def check_translation(msgid: str, msgstr: str) -> list[str]:
+    """What a translation lost or changed, as readable problems (empty: fine)."""
+    if not msgstr:
+        return []
+    want, got = kept_parts(msgid), kept_parts(msgstr)
+    problems = []
+    for part in want:
+        if part in got:
+            got.remove(part)
+        else:
+            problems.append(f"missing {part[0]} {part[1]!r}")
+    problems += [f"extra {kind} {text!r}" for kind, text in got]
+    if msgid.count("\n") == 0 and "\n" in msgstr.strip("\n") and "$$" not in msgid:
+        problems.append("a one-line message translated over several lines")
+    return problems
+
+
+def _page_po(page: str) -> Path:
+    page = page.removesuffix(".po").removesuffix(".ipynb").removesuffix(".md")
+    path = LOCALE_DIR / f"{page}.po"
+    if not path.is_file():
+        raise SystemExit(f"page: no catalogue {path.relative_to(ROOT)} (run extract and update first)")
+    return path
+
+
+def export_page(page: str, out: Path) -> int:
+    catalog = _read(_page_po(page))
+    blocks = []
+    for n, message in enumerate(m for m in catalog if m.id):
+        string = "" if message.fuzzy else message.string
+        blocks.append(f"##### {n}\n{message.id}\n----- zh\n{string}")
+    out.write_text("\n".join(blocks) + "\n", encoding="utf-8")
+    return len(blocks)
+
+
+def import_page(page: str, src: Path) -> tuple[int, list[str]]:
+    """Read translated blocks back; a block whose English no longer matches the catalogue's
+    message, or whose translation loses math, a glued number, a reference or code, is refused
+    (listed, not written). Returns (messages translated now, problems)."""
+    po_path = _page_po(page)
+    catalog = _read(po_path)
+    messages = [m for m in catalog if m.id]
+    problems, done = [], 0
+    for m in BLOCK.finditer(src.read_text(encoding="utf-8")):
+        n, english, chinese = int(m.group(1)), m.group(2), m.group(3).strip("\n")
+        if n >= len(messages) or messages[n].id != english:
+            problems.append(f"block {n}: its English is not message {n} of {page} (export again)")
+            continue
+        bad = check_translation(english, chinese)
+        if bad:
+            problems.append(f"block {n}: " + "; ".join(bad))
+            continue
+        if chinese:
+            messages[n].string, messages[n].flags = chinese, set()
+            done += 1
+    _write(catalog, po_path)
+    return done, problems
+
+
+def status(paths: list[Path] | None = None) -> dict[str, tuple[int, int]]:
+    sys.path.insert(0, str(ROOT / "_ext"))
+    from klbook_i18n import translation_status
+
+    out = {}
+    for po_path in sorted(paths or LOCALE_DIR.rglob("*.po")):
+        out[str(po_path.relative_to(LOCALE_DIR).with_suffix(""))] = translation_status(po_path)
+    return out
+
+
+def build(warningiserror: bool = True, overrides: dict | None = None) -> None:
+    _sphinx(ZH_HTML, "html", ".doctrees-zh", {"language": LANGUAGE, **(overrides or {})},
+            warningiserror=warningiserror, keep_going=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("command", choices=["extract", "update", "status", "build", "export", "import"])
+    parser.add_argument("page", nargs="?", help="export/import: the page, e.g. chapters/01_kl_definition")
+    parser.add_argument("file", nargs="?", type=Path, help="export/import: the text file of blocks")
+    parser.add_argument("--no-W", action="store_true", help="build: warnings are not errors")
+    args = parser.parse_args(argv)
+    if args.command == "extract":
+        extract()
+    elif args.command == "update":
+        update()
+        args.command = "status"
+    elif args.command in ("export", "import"):
+        if not args.page or not args.file:
+            raise SystemExit(f"{args.command}: give a PAGE and a FILE")
+        if args.command == "export":
+            print(f"{export_page(args.page, args.file)} messages -> {args.file}")
+        else:
+            done, problems = import_page(args.page, args.file)
+            print(f"{done} translations written to {_page_po(args.page).relative_to(ROOT)}")
+            for problem in problems:
+                print("  refused:", problem)
+            if problems:
+                raise SystemExit(1)
+    elif args.command == "build":
+        build(not args.no_W)
+        print(f"The Chinese edition is built: {ZH_HTML / 'index.html'}")
+    if args.command == "status":
+        counts = status()
+        for page, (done, total) in counts.items():
+            print(f"{done:4d} / {total:4d}  {page}")
+        done, total = (sum(c[i] for c in counts.values()) for i in (0, 1))
+        print(f"{done:4d} / {total:4d}  in all ({100 * done / max(total, 1):.1f} %)")
+
+
+if __name__ == "__main__":
+    main()
