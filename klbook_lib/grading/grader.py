@@ -850,7 +850,13 @@ def grade(notebook: str | os.PathLike, exercise: str | None = None, timeout: flo
             library = sandbox.library_closure(
                 cell_library + ([m for q, _ in part for m in q.task_library] if task else []),
                 everything=task)
-            data = task_data([q for q, _ in part]) if task else ()
+            data: tuple = ()
+            if task:
+                try:
+                    data = task_data([q for q, _ in part])
+                except Exception as exc:  # noqa: BLE001 - the runs then build what they need themselves
+                    notes.append(f"the training tasks' data could not be prepared ({clean(str(exc), 200)}); "
+                                 "the runs build it themselves")
             session = _Session(backend, cells, [_plan_question(q, call_timeout, idx) for q, idx in part],
                                nb_name, text, timeout, cell_timeout, limits, tuple(library), groups,
                                data_dirs=data)
