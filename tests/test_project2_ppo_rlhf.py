@@ -303,3 +303,23 @@ def test_a_per_token_reward_with_the_kl_sign_flipped_earns_nothing_from_training
     credit, why = task.judge(plain(compare.encode(task.package(run, _master_ns()["per_token_rewards"]))),
                              eval_seed=1)
     assert credit == 0.0 and "score +0.00" in why, why          # pi_ref itself gains nothing
+
+
+def test_the_staging_copies_task_data_read_only_and_refuses_a_file(tmp_path):
+    from klbook_lib.grading import sandbox
+
+    data = tmp_path / "rlhf-entry"
+    (data / "sft").mkdir(parents=True)
+    (data / "meta.json").write_text("{}", encoding="utf-8")
+    (data / "sft" / "w.bin").write_bytes(b"\0" * 16)
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    sandbox.make_staging(staging, (), (str(data),))
+    copied = staging / "data" / "rlhf-entry"
+    assert (copied / "meta.json").read_text(encoding="utf-8") == "{}" and (copied / "sft" / "w.bin").stat().st_size == 16
+    assert oct((copied / "meta.json").stat().st_mode & 0o777) == oct(0o644)
+    assert sandbox.sandbox_env()["KLBOOK_TASK_DATA"] == sandbox.INSIDE_DATA == "/klbook/data"
+    other = tmp_path / "staging2"
+    other.mkdir()
+    with pytest.raises(ValueError, match="data_dirs"):
+        sandbox.make_staging(other, (), (str(data / "meta.json"),))
