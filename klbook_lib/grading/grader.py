@@ -133,12 +133,13 @@ class _Session:
     def __init__(self, backend: sandbox.Backend, cells: list[str], questions: list[dict],
                  notebook_name: str, notebook_text: str, total: float, cell_timeout: float,
                  limits: Limits, library: tuple = (),
-                 cgroup_support: cgroups.Support | None = None) -> None:
+                 cgroup_support: cgroups.Support | None = None, data_dirs: tuple = ()) -> None:
         self.backend, self.cells, self.questions = backend, cells, questions
         self.cgroups = cgroup_support or cgroups.Support(version=None, reason="not asked for")
         self.group: cgroups.Cgroup | None = None  # the cgroup of the run in progress
         self.library = tuple(dict.fromkeys(library))
         self.library_files = sandbox.library_files(self.library)
+        self.data_dirs = tuple(data_dirs)
         self.qmap = {q["id"]: q for q in questions}
         self.notebook_name, self.notebook_text = notebook_name, notebook_text
         self.total, self.cell_timeout, self.limits = total, cell_timeout, limits
@@ -183,7 +184,7 @@ class _Session:
             cmd = [sys.executable, "-I", "-S", str(staging / "runner.py")]
             env = {**sandbox.sandbox_env(), "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
                    "HOME": str(staging / "work"), "TMPDIR": str(staging / "work"),
-                   "MPLCONFIGDIR": str(staging / "work")}
+                   "MPLCONFIGDIR": str(staging / "work"), "KLBOOK_TASK_DATA": str(staging / "data")}
             cwd = str(staging / "work")
         if self.group is not None:          # the sandbox starts inside its own cgroup
             cmd = self.group.wrap(cmd)
@@ -203,7 +204,7 @@ class _Session:
         proc = None
         read_fd = write_fd = seccomp_fd = -1
         try:
-            sandbox.make_staging(staging, self.library_files)
+            sandbox.make_staging(staging, self.library_files, self.data_dirs)
             read_fd, write_fd = os.pipe()
             if self.backend.isolated:
                 seccomp_fd = syscalls.program_fd()
@@ -721,6 +722,21 @@ def cap(lines: list[str], limit: int, what: str = "notes") -> list[str]:
     return list(lines[:limit - 1]) + [f"... and {len(lines) - limit + 1} more {what} (not shown)"]
 
 
+def task_data(questions) -> tuple:
+    """The folders the questions' ``task_data`` functions return (called here, in the grader's
+    process: e.g. the cached pipeline a training task starts from, built here if need be)."""
+    import importlib
+
+    out: list = []
+    for q in questions:
+        for spec in getattr(q, "task_data", ()):
+            module, _, name = spec.partition(":")
+            folder = str(getattr(importlib.import_module(module), name)())
+            if folder not in out:
+                out.append(folder)
+    return tuple(out)
+
+
 def _plan_question(q, call_timeout: float, cases: list[int]) -> dict:
     return {"id": q.id, "kind": q.kind, "name": q.name,
             "timeout": float(q.timeout or call_timeout),
@@ -834,8 +850,16 @@ def grade(notebook: str | os.PathLike, exercise: str | None = None, timeout: flo
             library = sandbox.library_closure(
                 cell_library + ([m for q, _ in part for m in q.task_library] if task else []),
                 everything=task)
+            data: tuple = ()
+            if task:
+                try:
+                    data = task_data([q for q, _ in part])
+                except Exception as exc:  # noqa: BLE001 - the runs then build what they need themselves
+                    notes.append(f"the training tasks' data could not be prepared ({clean(str(exc), 200)}); "
+                                 "the runs build it themselves")
             session = _Session(backend, cells, [_plan_question(q, call_timeout, idx) for q, idx in part],
-                               nb_name, text, timeout, cell_timeout, limits, tuple(library), groups)
+                               nb_name, text, timeout, cell_timeout, limits, tuple(library), groups,
+                               data_dirs=data)
             session.run(deadline)
             sessions.append((session, part))
         cell_errors: dict[int, str] = {}

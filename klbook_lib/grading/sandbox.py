@@ -57,6 +57,7 @@ INSIDE_LIB = "/klbook/lib"             # the public copy of klbook_lib
 INSIDE_RUNNER = "/klbook/runner.py"
 INSIDE_TMP = "/tmp"                    # the private tmpfs
 INSIDE_WORK = "/tmp/work"              # the notebook's working directory (and HOME)
+INSIDE_DATA = "/klbook/data"           # read-only data a training task reads (make_staging's data_dirs)
 SHM_BYTES = 64 << 20                   # size of the sandbox's /dev/shm (a tmpfs of its own)
 
 # What the student's process gets of the library: the public checker, the runtime helpers.
@@ -286,9 +287,16 @@ def library_closure(modules, everything: bool = False) -> tuple[str, ...]:
     return tuple(sorted(seen))
 
 
-def make_staging(root: Path, extra_files: tuple = ()) -> None:
-    """Write the runner and the public copy of ``klbook_lib`` into ``root`` (read-only inside)."""
+def make_staging(root: Path, extra_files: tuple = (), data_dirs: tuple = ()) -> None:
+    """Write the runner and the public copy of ``klbook_lib`` into ``root`` (read-only inside),
+    and a copy of each of ``data_dirs`` (folders of public data a training task reads, such as a
+    cached pipeline: ``Question.task_data``) into ``root/data/<its name>`` (:data:`INSIDE_DATA`)."""
     lib = root / "lib" / "klbook_lib"
+    for d in data_dirs:
+        src = Path(d)
+        if not src.is_dir() or src.is_symlink():
+            raise ValueError(f"data_dirs: {str(d)!r} is not a folder")
+        shutil.copytree(src, root / "data" / src.name, symlinks=False)
     for rel in PUBLIC_FILES + tuple(extra_files):
         src = PACKAGE_DIR / rel
         if not src.is_file() or ".." in Path(rel).parts or "hidden" in Path(rel).parts or (
@@ -312,7 +320,8 @@ def sandbox_env() -> dict:
             "USER": "student", "LOGNAME": "student", "MPLBACKEND": "Agg",
             "MPLCONFIGDIR": INSIDE_TMP + "/.matplotlib", "OMP_NUM_THREADS": "1",
             "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "PYTHONHASHSEED": "0",
-            "PYTHONDONTWRITEBYTECODE": "1", "KLBOOK_GRADING": "1", "LANG": "C.UTF-8"}
+            "PYTHONDONTWRITEBYTECODE": "1", "KLBOOK_GRADING": "1", "LANG": "C.UTF-8",
+            "KLBOOK_TASK_DATA": INSIDE_DATA}
 
 
 def command(backend: Backend, staging: Path, limits: Limits, seccomp_fd: int | None = None) -> list[str]:

@@ -158,4 +158,9 @@ EXPLAIN: dict[tuple[str, str], dict[str, str]] = {
         "B": "After an auto-reset the returned obs is the next episode's first state, whose value says nothing about the truncated one's future.",
         "D": "The truncated episode is over: carrying the sum into the next episode mixes the returns of two episodes.",
     },
+    ("project2_ppo_rlhf", "q6"): {
+        "A": "The penalties of the tokens add up to beta times the sequence's log-ratio, so the score is not the whole return: the KL terms count too.",
+        "C": "The sampled log-ratio's expectation is taken under pi_theta, which samples the tokens: that is KL(pi_theta || pi_ref), not KL(pi_ref || pi_theta).",
+        "D": "Without discounting nothing is lost along the response: every token's penalty reaches the return, not only the last token's.",
+    },
 }

@@ -100,6 +100,10 @@ class Question:
     # task that trains with the book's PPO): those cases run in a sandbox of their own that
     # offers them, whose answers to every other question are not taken.
     task_library: tuple = ()
+    # Folders of public data the outcome-graded cases read (e.g. a cached pipeline), each named
+    # by ``"module:function"``: the grader calls the function in its own process and copies the
+    # folder it returns, read-only, into the tasks' sandbox (``$KLBOOK_TASK_DATA/<its name>``).
+    task_data: tuple = ()
     # Full marks once the cases' credits add up to this many (None: all cases).
     full_marks_at: int | None = None
     # What check() runs for an outcome-graded question in the student's notebook: dicts with
