@@ -32,7 +32,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 
-BOOK_DIRS = ("chapters", "exercises", "klbook_lib", "tests", "tools", "_ext", "_static", ".ci")
+BOOK_DIRS = ("chapters", "exercises", "klbook_lib", "tests", "tools", "_ext", "_static", ".ci", "locales")
 TOP_FILES = ("*.md", "*.yml", "*.yaml", "*.toml", "*.txt", "*.bib", "*.cfg", "*.ini", "Makefile",
              "conftest.py", ".gitignore", "LICENSE*", "COPYING*", "CITATION*")
 SECRET_DIRS = {"exercises/masters": "reference solutions (the masters)",
