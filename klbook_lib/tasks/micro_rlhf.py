@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import functools
 import math
-from contextlib import contextmanager
 from typing import Callable, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
+from klbook_lib.runtime import one_thread
 from klbook_lib.rlhf import data as _data
 
 # --- sizes and the settings of the graded runs --------------------------------------------------
@@ -109,17 +109,6 @@ class TrueRewardScorer(nn.Module):
                             dtype=torch.float64)
 
 
-@contextmanager
-def _one_thread():
-    """Run with one torch thread (builds are then bit-for-bit reproducible on one machine)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def micro_policy(tokenizer: WordTokenizer, seed: int = 0):
     """A freshly initialised micro ``GPT2LMHeadModel`` (no dropout: deterministic log-probs)."""
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -145,7 +134,7 @@ def build(seed: int = 0):
     hf_logging.disable_progress_bar()
     tok = WordTokenizer()
     corpus = _data.make_corpus(SFT["n_corpus"], seed=seed)
-    with _one_thread():
+    with one_thread():
         policy = micro_policy(tok, seed)
         hist = train_sft(policy, tok, [r.text for r in corpus], steps=SFT["steps"],
                          batch_size=SFT["batch_size"], lr=SFT["lr"], seed=seed, progress=False)
@@ -236,7 +225,7 @@ def train_rlhf(per_token_rewards: Callable, masked_gae: Callable, seed: int = 0,
                             tuple(rewards.shape))
         return adv, (adv + values) * mask.float()
 
-    with _one_thread():
+    with one_thread():
         policy = pipe.new_policy()
         torch.manual_seed(seed)                    # the value head's initialisation
         value = ScalarHeadModel.from_policy(pipe.ref_model)
@@ -259,7 +248,7 @@ def measure_policy(pipeline, policy, n: int = EVAL_SAMPLES, seed: int = 0) -> di
     their standard errors), the fraction that ends with EOS."""
     from klbook_lib.rlhf.ppo import evaluate_policy
 
-    with _one_thread():
+    with one_thread():
         stats, _ = evaluate_policy(pipeline, policy, n=n, seed=seed, max_new_tokens=MAX_NEW_TOKENS)
     return {k: stats[k] for k in ("true_reward", "true_reward_se", "kl_exact_seq", "kl_exact_seq_se",
                                   "eos_fraction", "response_length")}
@@ -331,7 +320,7 @@ def train_dpo(dpo_loss: Callable, seed: int = 0, steps: int = DPO_STEPS, beta: f
     if not isinstance(out, torch.Tensor) or not out.requires_grad:
         raise ValueError("dpo_loss must return a torch tensor that depends on the policy's log-probabilities")
     pipe = build(0)
-    with _one_thread():
+    with one_thread():
         res = _train_dpo(pipe, beta=beta, steps=steps, seed=seed, config=DPOConfig(batch_size=64, lr=1e-3),
                          progress=False, evaluate=False, loss_fn=dpo_loss)
     history = np.array([[row[k] for k in DPO_HISTORY] for row in res.history], dtype=np.float64)
@@ -355,7 +344,7 @@ def heldout_accuracy(pipeline, policy) -> float:
     from klbook_lib.dpo import implicit_reward_accuracy, pair_logps, encode_pairs
 
     batch = encode_pairs(pipeline.tokenizer, pipeline.heldout_pairs)
-    with _one_thread():
+    with one_thread():
         pc, pr = pair_logps(policy, batch)
         rc, rr = pair_logps(pipeline.ref_model, batch)
     return implicit_reward_accuracy(pc - rc, pr - rr)
@@ -370,7 +359,7 @@ def win_rate(pipeline, policy, n: int = EVAL_SAMPLES, seed: int = 0) -> float:
     gen = torch.Generator().manual_seed(seed)
     idx = torch.randint(len(pipeline.prompts), (n,), generator=gen).tolist()
     prompts = [pipeline.prompts[i] for i in idx]
-    with _one_thread():
+    with one_thread():
         a = sample_responses(policy, pipeline.tokenizer, prompts, MAX_NEW_TOKENS, 1.0, gen)
         b = sample_responses(pipeline.ref_model, pipeline.tokenizer, prompts, MAX_NEW_TOKENS, 1.0, gen)
     def reward(ro, i):  # noqa: E306 - unfinished responses score as the trainer scores them

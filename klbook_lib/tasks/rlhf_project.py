@@ -37,12 +37,13 @@ from __future__ import annotations
 import functools
 import math
 import os
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import torch
+
+from klbook_lib.runtime import one_thread
 
 PRESET, PIPELINE_SEED = "tiny", 0
 #: The parameters PPO tunes (the last block's MLP); the rest of ``pi_ref`` stays frozen.
@@ -62,16 +63,6 @@ PROBE_SEED = 2502
 PROBE_RTOL = 1e-6
 
 
-@contextmanager
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 @functools.lru_cache(maxsize=1)
 def load():
     """The tiny GPT-2 RLHF pipeline of chapters 6-9 (built once, then read from the disk cache).
@@ -87,7 +78,7 @@ def load():
     data = os.environ.get("KLBOOK_TASK_DATA")
     entry = f"rlhf-{PRESET}-seed{PIPELINE_SEED}-{code_version()}"
     cache_dir = data if data and (Path(data) / entry / "meta.json").is_file() else None
-    with _one_thread():
+    with one_thread():
         return build_pipeline(PRESET, seed=PIPELINE_SEED, device="cpu", progress=False, cache_dir=cache_dir)
 
 
@@ -221,7 +212,7 @@ def _reference_stats(eval_seed: int) -> tuple:
     from klbook_lib.rlhf.ppo import evaluate_policy
 
     pipe = load()
-    with _one_thread():
+    with one_thread():
         stats, _ = evaluate_policy(pipe, pipe.ref_model, n=EVAL_SAMPLES, seed=eval_seed,
                                    max_new_tokens=MAX_NEW_TOKENS, missing_eos_score=MISSING_EOS_SCORE)
     return stats["score"], stats["score_se"], stats["true_reward"]
@@ -236,7 +227,7 @@ def measure(arrays, eval_seed: int) -> dict:
     pipe = load()
     policy = policy_from_arrays(pipe, arrays)
     base, base_se, base_true = _reference_stats(int(eval_seed))
-    with _one_thread():
+    with one_thread():
         stats, _ = evaluate_policy(pipe, policy, n=EVAL_SAMPLES, seed=int(eval_seed),
                                    max_new_tokens=MAX_NEW_TOKENS, missing_eos_score=MISSING_EOS_SCORE)
     return {"gain": stats["score"] - base, "gain_se": math.hypot(stats["score_se"], base_se),
