@@ -256,6 +256,31 @@ def diff_ci(arm: ArrayLike, control: ArrayLike, paired: bool = False, level: flo
     return Estimate(value, low, high, (int(xa.size), int(xc.size)), level, how)
 
 
+def verdict(est: Estimate, *, unit: str = "", digits: int = 2,
+            words: tuple[str, str] = ("lower", "higher")) -> str:
+    """The words a page prints for a difference ``est`` whose sign the experiment may not settle.
+
+    ``"higher (+0.39, 95 % CI [+0.06, +0.76])"`` when the CI lies above zero, ``words[0]``
+    when it lies below, ``"no detectable difference (...)"`` when it contains zero. For
+    claims at the edge of their evidence, whose CI ends near zero: rerun on another CPU,
+    float rounding alone can move such an end across zero, so the page reports the verdict
+    in words computed here and asserts only what holds with a margin.
+    """
+    if not isinstance(est, Estimate):
+        raise TypeError(f"est: must be an Estimate, got {type(est).__name__}")
+    if not isinstance(digits, int) or digits < 0:
+        raise ValueError(f"digits: must be a non-negative integer, got {digits!r}")
+    if len(words) != 2 or not all(isinstance(w, str) and w for w in words):
+        raise ValueError(f"words: must be two non-empty strings (below, above zero), got {words!r}")
+    f = lambda v: f"{v:+.{digits}f}"
+    ci = f"{f(est.value)}{unit}, {100 * est.level:g} % CI [{f(est.low)}, {f(est.high)}]"
+    if est.low > 0:
+        return f"{words[1]} ({ci})"
+    if est.high < 0:
+        return f"{words[0]} ({ci})"
+    return f"no detectable difference ({ci})"
+
+
 # ----------------------------------------------------------------------------- asserts
 
 def _check_seeds(xa: np.ndarray, xc: np.ndarray, min_seeds: int) -> None:
@@ -291,6 +316,35 @@ def assert_better(arm: ArrayLike, control: ArrayLike, *, larger_is_better: bool 
             f"{label}: mean(arm) - mean(control) = {est}; the claim needs the whole CI "
             f"{want} zero (arm mean {xa.mean():.4g}, control mean {xc.mean():.4g}, "
             f"{'paired' if paired else 'unpaired'})")
+    return est
+
+
+def assert_prob_better(arm: ArrayLike, control: ArrayLike, *, larger_is_better: bool = True,
+                       label: str = "arm vs control", level: float = 0.95, seed: int = 0,
+                       min_seeds: int = 10, method: str = "percentile", n_resamples: int = 9999,
+                       expand: bool = True) -> Estimate:
+    """Assert that a run of ``arm`` beats a run of ``control`` more often than not: the CI of
+    the probability of improvement (:func:`prob_improvement`) lies entirely above 0.5.
+
+    The claim for arms in which one run in ten may diverge (a learning rate near the edge of
+    stability, on some CPUs and not others): one diverged run can drag a mean difference
+    across zero, but it moves the probability of improvement by at most ``1 / n`` of the
+    pairs. With ``larger_is_better=False`` "beats" means "ends lower". Returns the
+    :class:`Estimate` of the probability; ``AssertionError`` when its CI reaches 0.5,
+    ``ValueError`` for fewer than ``min_seeds`` seeds per arm.
+    """
+    if not isinstance(larger_is_better, bool):
+        raise ValueError(f"larger_is_better: must be True or False, got {larger_is_better!r}")
+    xa, xc = _sample(arm, "arm"), _sample(control, "control")
+    _check_seeds(xa, xc, min_seeds)
+    a, c = (xa, xc) if larger_is_better else (-xa, -xc)
+    est = prob_improvement(a, c, level=level, seed=seed, method=method, n_resamples=n_resamples,
+                           expand=expand)
+    if not est.low > 0.5:
+        raise AssertionError(
+            f"{label}: P(a run of the arm beats a run of the control) = {est}; the claim needs "
+            f"the whole CI above 0.5 (arm median {np.median(xa):.4g}, control median "
+            f"{np.median(xc):.4g}, {'larger' if larger_is_better else 'smaller'} is better)")
     return est
 
 

@@ -294,3 +294,45 @@ def test_ci_errorbar_draws_one_bar_per_x():
     with pytest.raises(ValueError, match="samples"):
         S.ci_errorbar(ax, [1, 2], samples)
     plt.close(fig)
+
+
+def test_verdict_names_the_side_of_zero_the_interval_lies_on():
+    up = S.Estimate(0.39, 0.06, 0.76, 10, 0.95, "percentile")
+    down = S.Estimate(-0.5, -0.9, -0.1, 10, 0.95, "percentile")
+    null = S.Estimate(0.16, -0.05, 0.36, (10, 10), 0.95, "percentile")
+    assert S.verdict(up) == "higher (+0.39, 95 % CI [+0.06, +0.76])"
+    assert S.verdict(down, unit=" nats", digits=1) == "lower (-0.5 nats, 95 % CI [-0.9, -0.1])"
+    assert S.verdict(null).startswith("no detectable difference (+0.16")
+    assert S.verdict(up, words=("less", "more")).startswith("more (")
+    # an interval that touches zero does not exclude it
+    assert S.verdict(S.Estimate(0.2, 0.0, 0.4, 10, 0.95, "percentile")).startswith("no detectable")
+    with pytest.raises(TypeError, match="est"):
+        S.verdict(0.3)
+    with pytest.raises(ValueError, match="words"):
+        S.verdict(up, words=("only one",))
+
+
+def test_assert_prob_better_survives_one_diverged_run_that_breaks_the_mean():
+    rng = np.random.default_rng(3)
+    control = rng.normal(0.0, 0.1, 10)
+    arm = rng.normal(1.0, 0.1, 10)
+    control[4] = 60.0                  # one control run diverged upwards
+    with pytest.raises(AssertionError):
+        S.assert_better(arm, control, label="mean")       # the mean difference no longer shows it
+    est = S.assert_prob_better(arm, control, label="prob")
+    # nine of the ten control runs lose to every arm run, the diverged one wins against all
+    assert est.value == pytest.approx(0.9) and 0.5 < est.low <= est.value <= est.high <= 1.0
+    smaller = S.assert_prob_better(-arm, -control, larger_is_better=False)
+    assert smaller.value == pytest.approx(est.value)
+
+
+def test_assert_prob_better_fails_without_a_tendency_and_checks_its_input():
+    rng = np.random.default_rng(4)
+    with pytest.raises(AssertionError, match="above 0.5"):
+        S.assert_prob_better(rng.normal(size=10), rng.normal(size=10))
+    with pytest.raises(AssertionError):
+        S.assert_prob_better(np.arange(10.0), np.arange(10.0) + 20)    # the other way
+    with pytest.raises(ValueError, match="seed standard"):
+        S.assert_prob_better(np.arange(5.0), np.arange(5.0))
+    with pytest.raises(ValueError, match="larger_is_better"):
+        S.assert_prob_better(np.arange(10.0), np.arange(10.0), larger_is_better="yes")

@@ -45,7 +45,7 @@ def _is_bookkeeping(stmt: ast.stmt) -> bool:
     if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
         func = stmt.value.func
         name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
-        return name in ("glue", "assert_better", "assert_no_difference") or name.startswith("assert")
+        return name in ("glue", "assert_better", "assert_prob_better", "assert_no_difference") or name.startswith("assert")
     return False
 
 
