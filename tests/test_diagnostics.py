@@ -95,7 +95,9 @@ def test_random_step_kl_equals_the_kl_of_an_explicitly_moved_network():
         p_old = torch.softmax(agent.actor(obs), -1).double()
         p_new = torch.softmax(moved.actor(obs), -1).double()
     expected = (p_old * (p_old.log() - p_new.log())).sum(-1).mean().item()
-    assert D.random_step_kl(agent, obs, 0.3, num_directions=1, seed=0) == pytest.approx(expected, rel=1e-5)
+    # both sides are float32 networks: the KL of a small step is a difference of nearby log-probabilities,
+    # so float32 rounding (which differs between CPUs' kernels) leaves about 1e-5 of relative error
+    assert D.random_step_kl(agent, obs, 0.3, num_directions=1, seed=0) == pytest.approx(expected, rel=1e-4)
 
 
 def test_sensitivity_functions_reject_bad_input():

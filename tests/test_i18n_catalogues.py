@@ -52,6 +52,14 @@ def test_a_translation_must_keep_math_numbers_references_and_code():
     assert any("reverse KL" in p for p in i18n.check_translation(en, wrong_term))
 
 
+def test_a_term_role_before_a_code_span_is_not_read_as_code():
+    # the role's closing backtick once opened a "code span" that ran to the next backtick
+    en = "Write `f(p)` for the {term}`Jensen-Shannon divergence` with $p$. Note that `g` differs."
+    zh = "编写 `f(p)`，计算 $p$ 的{term}`JS 散度 <Jensen-Shannon divergence>`。注意 `g` 不同。"
+    assert i18n.check_translation(en, zh) == []
+    assert any("'`g`'" in p for p in i18n.check_translation(en, zh.replace("`g`", "g")))
+
+
 def test_the_catalogues_exist_for_every_page_of_the_book():
     pages = {p.relative_to(REPO).with_suffix("").as_posix() for p in REPO.glob("chapters/*.ipynb")}
     have = {p.relative_to(REPO / "locales" / "zh_CN" / "LC_MESSAGES").with_suffix("").as_posix() for p in CATALOGUES}
@@ -103,3 +111,10 @@ def test_export_and_import_round_trip(tmp_path, monkeypatch):
     done, problems = i18n.import_page("chapters/p", txt)
     assert done == 1 and len(problems) == 1 and "v:.2f" in problems[0]
     assert klbook_i18n.translation_status(po) == (1, 2)
+
+
+def test_a_titled_cross_reference_keeps_its_target_and_may_translate_its_title():
+    en = "The KL is {prf:ref}`never negative <thm-01-gibbs>`, see {doc}`02_forward_reverse`."
+    assert i18n.check_translation(en, "KL {prf:ref}`永不为负 <thm-01-gibbs>`，见 {doc}`02_forward_reverse`。") == []
+    wrong = i18n.check_translation(en, "KL {prf:ref}`永不为负 <thm-01-other>`，见 {doc}`02_forward_reverse`。")
+    assert any("thm-01-gibbs" in p for p in wrong)

@@ -131,13 +131,19 @@ _KEEP = [("display math", re.compile(r"\$\$.*?\$\$", re.S)), ("math", re.compile
          ("role", re.compile(r"\{(glue|glue:text|glue:md|eq|numref|ref|doc|cite|cite:p|cite:t|download|prf:ref)\}`[^`]*`")),
          ("code", re.compile(r"(?<![`}])`[^`]+`"))]
 _TERM = re.compile(r"\{term\}`([^`]*)`")
+_REPO = re.compile(r"\{klbook-repo\}`[^`]*`")
+_TITLED = re.compile(r"\{(doc|ref|prf:ref)\}`[^`<]*<([^<>`]+)>`")
 
 
 def kept_parts(text: str) -> list[tuple[str, str]]:
     """The pieces of a message that its translation must contain unchanged: math, the roles
     that glue numbers or point somewhere, code spans, and each {term} role's target (its
     title may be translated: {term}`反向 KL <reverse KL>`)."""
-    parts, rest = [], text
+    # a {term} role is neither code nor another role; the repository link's title is prose
+    parts = [("role", "{klbook-repo}") for _ in _REPO.finditer(text)]
+    # a cross-reference with a title ({prf:ref}`never negative <thm-01-gibbs>`): the title is prose
+    parts += [("role", f"{{{m.group(1)}}}`<{m.group(2).strip()}>`") for m in _TITLED.finditer(text)]
+    rest = _TITLED.sub(" ", _REPO.sub(" ", _TERM.sub(" ", text)))
     for kind, pattern in _KEEP:
         parts += [(kind, m.group(0)) for m in pattern.finditer(rest)]
         rest = pattern.sub(" ", rest)
