@@ -6,6 +6,7 @@
     python tools/i18n.py build       # the Chinese edition -> _build/html/zh (make book runs it)
     python tools/i18n.py export PAGE FILE   # a page's messages as plain text blocks, for translating
     python tools/i18n.py import PAGE FILE   # those blocks, translated, back into the page's catalogue
+    python tools/i18n.py check       # fails if any English message of the book has no translation
 
 ``extract`` runs Sphinx's gettext builder over the book with the same configuration as the
 HTML build (the notebooks' outputs come from the jupyter-cache, so glued figures and their
@@ -65,6 +66,41 @@ def _sphinx(outdir: Path, builder: str, doctrees: str, overrides: dict | None = 
 
 def extract(overrides: dict | None = None) -> None:
     _sphinx(POT_DIR, "gettext", ".doctrees-gettext", overrides, quiet=True)
+
+
+def untranslated(pot_dir: Path = POT_DIR) -> dict[str, list[str]]:
+    """Per page, the English messages of the templates in ``pot_dir`` that its catalogue does
+    not translate (missing, empty or fuzzy; a message with nothing to translate counts as
+    translated). A paragraph changed in a notebook and not yet translated shows up here."""
+    out: dict[str, list[str]] = {}
+    for template_path in sorted(pot_dir.rglob("*.pot")):
+        page = str(template_path.relative_to(pot_dir).with_suffix(""))
+        po_path = LOCALE_DIR / f"{page}.po"
+        done = {}
+        if po_path.is_file():
+            done = {m.id: m for m in _read(po_path) if m.id}
+        missing = [m.id for m in _read(template_path) if m.id and needs_translation(m.id)
+                   and (m.id not in done or not done[m.id].string or done[m.id].fuzzy)]
+        if missing:
+            out[page] = missing
+    return out
+
+
+def check() -> int:
+    """Extract the English messages afresh (into ``_build/gettext-check``, the notebooks' outputs
+    from the jupyter-cache) and list every one that no catalogue translates. Returns the count."""
+    pot_dir = ROOT / "_build" / "gettext-check"
+    _sphinx(pot_dir, "gettext", ".doctrees-gettext-check", None, quiet=True)
+    missing = untranslated(pot_dir)
+    for page, ids in missing.items():
+        for msgid in ids:
+            first = msgid.splitlines()[0]
+            print(f"{page}: untranslated: {first[:100]}{'...' if len(first) > 100 else ''}")
+    n = sum(map(len, missing.values()))
+    print(f"{n} English message(s) without a Chinese translation"
+          + ("" if not n else ": run `tools/i18n.py extract`, `update`, then translate them "
+             "(`export` / `import`)"))
+    return n
 
 
 def _read(path: Path):
@@ -229,13 +265,18 @@ def build(warningiserror: bool = True, overrides: dict | None = None) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", choices=["extract", "update", "status", "build", "export", "import"])
+    parser.add_argument("command", choices=["extract", "update", "status", "build", "export", "import", "check"])
     parser.add_argument("page", nargs="?", help="export/import: the page, e.g. chapters/01_kl_definition")
     parser.add_argument("file", nargs="?", type=Path, help="export/import: the text file of blocks")
     parser.add_argument("--no-W", action="store_true", help="build: warnings are not errors")
+    parser.add_argument("--no-execute", action="store_true",
+                        help="extract: read the notebooks without executing any (glued figures' "
+                             "captions missing where the jupyter-cache has no run)")
     args = parser.parse_args(argv)
+    if args.command == "check":
+        sys.exit(1 if check() else 0)
     if args.command == "extract":
-        extract()
+        extract({"nb_execution_mode": "off"} if args.no_execute else None)
     elif args.command == "update":
         update()
         args.command = "status"
