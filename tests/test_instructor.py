@@ -379,6 +379,12 @@ def _solution_lines() -> set[str]:
     library do not contain themselves (a line the chapter teaches is no secret)."""
     taught = "\n".join(_texts(REPO / "chapters").values())
     taught += "\n".join(p.read_text() for p in (REPO / "klbook_lib").glob("*.py"))
+    # the English paragraphs of the public pages as the Chinese edition's catalogues hold them,
+    # each joined into one line (a signature the exercise states is no secret)
+    from babel.messages.pofile import read_po
+    for po in (REPO / "locales").rglob("*.po"):
+        with po.open("rb") as f:
+            taught += "\n" + "\n".join(m.id for m in read_po(f) if m.id and isinstance(m.id, str))
     lines, given = set(), set()
     for master in MASTERS.glob("*.ipynb"):
         for src in code_cells(master):

@@ -208,7 +208,20 @@ def _public_texts(student_files: dict) -> list[str]:
               if "grading" not in p.relative_to(REPO / "klbook_lib").parts]
     texts += [_notebook_text(t) if str(p).endswith(".ipynb") else t
               for p, t in student_files.items()]
+    texts += _catalogue_english()
     return texts
+
+
+def _catalogue_english() -> list[str]:
+    """The English messages of the Chinese edition's catalogues (``locales/``): the public
+    pages' paragraphs, each joined into one line, which is how the catalogues hold them."""
+    from babel.messages.pofile import read_po
+
+    out = []
+    for po in sorted((REPO / "locales").rglob("*.po")):
+        with po.open("rb") as f:
+            out += [m.id for m in read_po(f) if m.id and isinstance(m.id, str)]
+    return out
 
 
 def secrets(student_files: dict | None = None) -> dict:
