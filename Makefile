@@ -87,11 +87,12 @@ test-browser: setup
 	$(OFFLINE) $(PY) -m pytest tests -q -m browser
 
 # The whole book as one PDF, offline: _build/pdf/book.pdf (copied to _build/html/book.pdf,
-# which the landing page links). A single-page build from the cache (nothing executes
+# which the landing page links), and the Chinese edition's, _build/pdf/book-zh.pdf. A single-page build from the cache (nothing executes
 # again), printed by the browser check's Chromium; see tools/build_pdf.py.
 pdf: setup
 	bash tools/ensure_chromium.sh
 	$(OFFLINE) $(PY) tools/build_pdf.py
+	$(OFFLINE) $(PY) tools/build_pdf.py --lang zh
 
 students: setup
 	$(VENV)/bin/klbook make-student

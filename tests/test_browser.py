@@ -1075,7 +1075,8 @@ ZH_TEXT_JS = r"""
   const text = clone.textContent || '';
   const cjk = (text.match(/[\u4e00-\u9fff]/g) || []).length;
   const latin = (text.match(/[A-Za-z]/g) || []).length;
-  return {cjk, latin, width: document.documentElement.scrollWidth, view: window.innerWidth};
+  const display = art.querySelectorAll('mjx-container[display="true"]').length;
+  return {cjk, latin, display, width: document.documentElement.scrollWidth, view: window.innerWidth};
 }
 """
 
@@ -1108,14 +1109,29 @@ def test_a_chinese_chapter_shows_the_same_numbers_as_the_english_one(rel):
     assert _decimals(rel) == _decimals(rel.removeprefix("zh/")), rel
 
 
+_EN_DISPLAY: dict[str, int] = {}
+
+
 @pytest.mark.parametrize("viewport", [PHONE, LAPTOP], ids=["390px", "1366px"])
 @pytest.mark.parametrize("rel", _zh_pages())
 def test_a_chinese_chapter_in_the_browser(browser, server, rel, viewport):
     page, errors = _open(browser, urljoin(server, rel), viewport)
     try:
         info, text = page.evaluate(CHECK_PAGE_JS), page.evaluate(ZH_TEXT_JS)
+        lost = page.evaluate(r"""() => [...document.querySelectorAll('article p')]
+            .filter(p => p.textContent.trim() === '::').length""")
     finally:
         page.close()
+    en = rel.removeprefix("zh/")
+    if en not in _EN_DISPLAY:
+        page, _ = _open(browser, urljoin(server, en), LAPTOP)
+        try:
+            _EN_DISPLAY[en] = page.evaluate(ZH_TEXT_JS)["display"]
+        finally:
+            page.close()
+    # every display equation of the English page is typeset here too (a translated equation
+    # would have become a "::" paragraph)
+    assert text["display"] == _EN_DISPLAY[en] and not lost, (rel, text["display"], _EN_DISPLAY[en], lost)
     assert not errors, f"{rel}: " + "; ".join(errors[:10])
     assert not info["untypeset"] and not info["raw"], f"{rel}: math not typeset"
     assert not info["broken"], f"{rel}: images that did not load: {info['broken']}"

@@ -118,3 +118,18 @@ def test_a_titled_cross_reference_keeps_its_target_and_may_translate_its_title()
     assert i18n.check_translation(en, "KL {prf:ref}`永不为负 <thm-01-gibbs>`，见 {doc}`02_forward_reverse`。") == []
     wrong = i18n.check_translation(en, "KL {prf:ref}`永不为负 <thm-01-other>`，见 {doc}`02_forward_reverse`。")
     assert any("thm-01-gibbs" in p for p in wrong)
+
+
+@pytest.mark.parametrize("po", sorted(i18n.LOCALE_DIR.rglob("*.po")), ids=lambda p: p.stem)
+def test_display_equations_are_kept_byte_for_byte(po):
+    # Sphinx re-parses a changed math node as reStructuredText ("::" and an indented block),
+    # which MyST does not read: the page would print "::" where the equation was
+    changed = [m.id[:60] for m in i18n._read(po)
+               if m.id and i18n.is_math_block(m.id) and m.string and m.string != m.id]
+    assert not changed, changed
+
+
+def test_what_counts_as_a_display_equation():
+    assert i18n.is_math_block("\nD = \\sum_x p\n")                       # Sphinx's math block
+    assert not i18n.is_math_block("The $x$ is small.")                       # prose with math
+    assert not i18n.is_math_block("\n$$x$$ and more")                       # not a bare block

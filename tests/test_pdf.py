@@ -136,3 +136,21 @@ def test_printing_a_chapter_gives_every_page_with_code_wrapped(page_url):
     assert hidden_nav, "navigation is printed"
     pages = len(PDF(data).pages())
     assert pages >= max(5, screen_height // 2000), f"the chapter printed on {pages} pages"
+
+
+ZH_PDF = ROOT / "_build" / "pdf" / "book-zh.pdf"
+
+
+def test_the_chinese_pdf_holds_what_the_english_one_holds(pdf, stats):
+    # `make pdf` prints the Chinese edition too (issue 27): same figures, every display equation
+    # typeset (a translated equation would have become "::"), the same chapters bookmarked
+    if not ZH_PDF.exists():
+        pytest.fail(f"{ZH_PDF} does not exist: `make pdf` writes it (tools/build_pdf.py --lang zh)")
+    zh, zstats = PDF(ZH_PDF), json.loads((ZH_PDF.parent / "book-zh.json").read_text())
+    for key in ("broken_images", "math_errors", "raw_tex", "wide_code"):
+        assert zstats[key] == 0, f"{key}: {zstats[key]}"
+    assert zstats["equations"] == stats["equations"], (zstats["equations"], stats["equations"])
+    assert zh.image_count() == pdf.image_count()
+    assert len(zstats["toc"]) == len(stats["toc"])
+    assert len(zh.outline()) >= 0.9 * len(pdf.outline())
+    assert 0.6 * len(pdf.pages()) <= len(zh.pages()) <= 1.2 * len(pdf.pages())

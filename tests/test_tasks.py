@@ -400,6 +400,69 @@ def test_klbook_start_writes_a_copy_outside_the_repository(tmp_path, capsys):
     assert "already exists" in err and "unknown exercise" in err
 
 
+def _cjk_and_latin(text: str) -> tuple[int, int]:
+    import re
+    return len(re.findall(r"[\u4e00-\u9fff]", text)), len(re.findall(r"[A-Za-z]", text))
+
+
+def test_klbook_start_in_chinese_translates_the_text_and_keeps_the_code(tmp_path):
+    from klbook_lib.cli import main
+    from klbook_lib.grading.start import StartError, available, catalogue, start, translate_markdown
+
+    en = json.loads(start("ex04", tmp_path / "en").read_text())
+    zh_path = start("ex04", tmp_path / "zh", lang="zh")
+    zh = json.loads(zh_path.read_text())
+    code = lambda nb: [(c["source"], c.get("metadata")) for c in nb["cells"] if c["cell_type"] == "code"]
+    assert code(zh) == code(en) and len(zh["cells"]) == len(en["cells"])
+    assert zh["metadata"]["klbook"]["exercise"] == "ex04_estimating_kl"
+    text = "".join("".join(c["source"]) for c in zh["cells"] if c["cell_type"] == "markdown")
+    cjk, latin = _cjk_and_latin(text)
+    assert cjk > 500 and cjk > latin, (cjk, latin)
+    assert "$k_1, k_2, k_3$" in text and "{doc}`../chapters/04_estimating_kl`" in text   # math, roles kept
+    # every text block of every exercise has its translation (a changed paragraph would show here)
+    for name in available():
+        messages = catalogue(name)
+        nb = json.loads((REPO / "exercises" / f"{name}.ipynb").read_text())
+        for cell in nb["cells"]:
+            if cell["cell_type"] == "markdown":
+                _, done, total = translate_markdown("".join(cell["source"]), messages)
+                assert done == total, (name, "".join(cell["source"])[:120])
+    # the parsing: headings, list items, paragraphs over several lines; fences and math kept
+    src = "## Question 1: A (2 points)\n\nOne line\nand two.\n\n- item one\n  goes on\n\n$$x$$\n\n```\ncode\n```"
+    msgs = {"Question 1: A (2 points)": "第 1 题：A（2 分）", "One line and two.": "一行与两行。",
+            "item one goes on": "第一项"}
+    out, done, total = translate_markdown(src, msgs)
+    assert (done, total) == (3, 3)
+    assert out == "## 第 1 题：A（2 分）\n\n一行与两行。\n\n- 第一项\n\n$$x$$\n\n```\ncode\n```"
+    with pytest.raises(StartError, match="lang"):
+        start("ex04", tmp_path / "x", lang="fr")
+    assert main(["start", "ex07", str(tmp_path / "cli"), "--lang", "zh"]) == 0
+
+
+def test_a_chinese_exercise_notebook_grades_as_the_english_one(tmp_path):
+    from klbook_lib.grading.grader import grade
+    from klbook_lib.grading.start import catalogue, translate_markdown
+
+    name = "ex04_estimating_kl"
+    messages = catalogue(name)
+    results = {}
+    for kind, folder in (("master", REPO / "exercises" / "masters"), ("stub", REPO / "exercises")):
+        nb = nbformat.read(folder / f"{name}.ipynb", as_version=4)
+        for cell in nb.cells:
+            if cell.cell_type == "markdown":
+                cell.source = translate_markdown(cell.source, messages)[0]
+        path = tmp_path / kind / f"{name}.ipynb"
+        path.parent.mkdir()
+        nbformat.write(nb, path)
+        assert "第 1 题" in path.read_text()
+        results[kind] = (grade(path), grade(folder / f"{name}.ipynb"))
+    for kind, (zh, en) in results.items():
+        assert [(q["id"], q["points"]) for q in zh["questions"]] == [(q["id"], q["points"]) for q in en["questions"]]
+        assert zh["score"] == en["score"], kind
+    assert results["master"][0]["score"] == results["master"][0]["max_score"] > 0
+    assert results["stub"][0]["score"] == 0
+
+
 def test_outcome_checks_skip_training_while_grading(monkeypatch, capsys):
     from klbook_lib.grading import checker
 

@@ -18,7 +18,12 @@ The PDF is copied to ``_build/html/book.pdf`` when the HTML book exists, where t
 landing page links it. Summary numbers (pages, images, equations) are printed and
 written next to the PDF as ``book.json``.
 
-Usage: ``.venv/bin/python tools/build_pdf.py [--root DIR] [--no-build] [--out FILE]``
+``--lang zh`` prints the Chinese edition instead (issue 27): a single-page build with
+``language=zh_CN`` into ``_build/singlehtml-zh``, printed to ``_build/pdf/book-zh.pdf`` and
+copied to ``_build/html/book-zh.pdf``; its Chinese text needs a CJK font
+(``tools/ensure_chromium.sh`` installs one).
+
+Usage: ``.venv/bin/python tools/build_pdf.py [--root DIR] [--no-build] [--out FILE] [--lang zh]``
 """
 from __future__ import annotations
 
@@ -85,6 +90,18 @@ def build_singlehtml(root: Path) -> Path:
     for line in warnings:
         print("  single-page build:", line)
     out = root / "_build" / "singlehtml"
+    return out
+
+
+def build_singlehtml_zh(root: Path) -> Path:
+    """The Chinese edition as one page (``language=zh_CN``, the catalogues of ``locales/``),
+    from the same jupyter-cache: ``_build/singlehtml-zh``."""
+    sys.path.insert(0, str(root / "tools"))
+    import i18n
+
+    out = root / "_build" / "singlehtml-zh"
+    i18n._sphinx(out, "singlehtml", ".doctrees-zh-single", {"language": i18n.LANGUAGE},
+                 keep_going=True, quiet=True)
     return out
 
 
@@ -354,13 +371,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--root", default=str(ROOT), help="the book's folder (default: this repository)")
     ap.add_argument("--out", default=None, help="the PDF to write (default ROOT/_build/pdf/book.pdf)")
     ap.add_argument("--no-build", action="store_true", help="print the existing _build/singlehtml")
+    ap.add_argument("--lang", choices=("en", "zh"), default="en",
+                    help="zh: the Chinese edition -> _build/pdf/book-zh.pdf (html/book-zh.pdf)")
     args = ap.parse_args(argv)
     root = Path(args.root).resolve()
-    out = Path(args.out) if args.out else root / "_build" / "pdf" / "book.pdf"
+    zh = args.lang == "zh"
+    name = "book-zh.pdf" if zh else "book.pdf"
+    out = Path(args.out) if args.out else root / "_build" / "pdf" / name
     t0 = time.time()
-    site = root / "_build" / "singlehtml"
+    site = root / "_build" / ("singlehtml-zh" if zh else "singlehtml")
     if not args.no_build:
-        site = build_singlehtml(root)
+        site = build_singlehtml_zh(root) if zh else build_singlehtml(root)
     t_build = time.time() - t0
     book = toc_structure(root)
     stats = print_pdf(site, book, out)
@@ -377,17 +398,18 @@ def main(argv: list[str] | None = None) -> int:
         problems.append(f"contents: page numbers for {stats['toc_pages_found']} of {stats['toc_entries']} entries")
     if stats["page_errors"]:
         problems.append(f"JavaScript errors: {stats['page_errors'][:3]}")
-    (out.parent / "book.json").write_text(json.dumps(stats, indent=1))
+    (out.parent / name.replace(".pdf", ".json")).write_text(json.dumps(stats, indent=1))
     html = root / "_build" / "html"
     if html.is_dir():
-        shutil.copy2(out, html / "book.pdf")
-        _publish_module(root).sync_pdf_link(html)  # the landing page links it again
+        shutil.copy2(out, html / name)
+        if not zh:
+            _publish_module(root).sync_pdf_link(html)  # the landing page links it again
     print(f"{out}: {stats['pdf_pages']} pages, {stats['pdf_images']} images, "
           f"{stats['equations']} display equations ({stats['scaled_equations']} scaled to fit, "
           f"smallest {stats['min_scale']:.2f}), {stats['pdf_bookmarks']} bookmarks; "
           f"single-page build {stats['singlehtml_build_s']} s, total {stats['total_s']} s")
     if html.is_dir():
-        print(f"copied to {html / 'book.pdf'} (linked from the landing page)")
+        print(f"copied to {html / name}" + ("" if zh else " (linked from the landing page)"))
     for p in problems:
         print("PROBLEM:", p, file=sys.stderr)
     return 1 if problems else 0

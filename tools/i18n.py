@@ -36,6 +36,15 @@ _NO_TEXT = [re.compile(p, re.S) for p in (
     r"`[^`]*`", r"https?://\S+")]
 
 
+def is_math_block(msgid: str) -> bool:
+    """A display equation (``$$...$$`` or ``\\begin{...}`` on lines of its own): Sphinx extracts
+    its TeX, starting with a newline. Sphinx's locale transform re-parses a *changed* literal
+    or math node as reStructuredText ("::" and an indented block), which MyST does not read: the
+    page would show "::" instead of the equation. So its translation must be the TeX itself,
+    byte for byte (Sphinx then leaves the node alone)."""
+    return msgid.startswith("\n") and "$" not in msgid
+
+
 def needs_translation(msgid: str) -> bool:
     """False for a message that has no words of prose: only math (inline, display or an
     environment), roles, code or links, digits and punctuation. Such a message is its own
@@ -144,7 +153,8 @@ def update() -> list[Path]:
                 if message.id:
                     catalog.add(message.id, "", locations=message.locations)
         for message in catalog:
-            if message.id and not needs_translation(message.id) and (not message.string or message.fuzzy):
+            if message.id and (is_math_block(message.id) or not needs_translation(message.id)
+                               and (not message.string or message.fuzzy)):
                 message.string, message.flags = message.id, set()
         _write(catalog, po_path)
         written.append(po_path)
@@ -237,6 +247,13 @@ def import_page(page: str, src: Path) -> tuple[int, list[str]]:
         if n >= len(messages) or messages[n].id != english:
             problems.append(f"block {n}: its English is not message {n} of {page} (export again)")
             continue
+        if chinese and is_math_block(english):
+            if chinese.strip() != english.strip():
+                problems.append(f"block {n}: a display equation stays as it is (Sphinx cannot "
+                                "translate one: it would print '::' instead); kept the English")
+            chinese = english
+        elif chinese.strip() == english.strip():
+            chinese = english              # the same text: keep it byte for byte
         bad = check_translation(english, chinese)
         if bad:
             problems.append(f"block {n}: " + "; ".join(bad))

@@ -653,8 +653,9 @@ try:
         if isinstance(src, list):
             src = "".join(s for s in src if isinstance(s, str))
         if cell.get("cell_type") == "markdown" and isinstance(src, str):
-            head = re.match(r"\s*#+\s*(Question\s+\d+)\b", src)
-            question = head.group(1) if head else question
+            # "## Question 3: ..." or, in the Chinese edition's notebooks, "## 第 3 题：..."
+            head = re.match(r"\s*#+\s*(?:Question\s+(\d+)\b|第\s*(\d+)\s*题)", src)
+            question = f"Question {head.group(1) or head.group(2)}" if head else question
             continue
         if cell.get("cell_type") != "code":
             continue

@@ -7,10 +7,15 @@ writes a fresh working copy of the student notebook into ``DIR`` (default
 ``~/klbook-exercises``), never inside the repository, and never over an existing file
 unless ``--force`` is given. The copy's ``check()`` cells work wherever it is; grade it
 with ``klbook grade DIR/exNN_....ipynb``.
+
+``--lang zh`` writes the Chinese edition's notebook: the same cells, the text cells translated
+from the page's catalogue (``locales/zh_CN/LC_MESSAGES/exercises/NAME.po``, the one the Chinese
+site is built from), the code cells untouched, so it grades exactly as the English one.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import sys
@@ -19,6 +24,10 @@ from pathlib import Path
 from klbook_lib.grading.student import REPO, STUDENTS
 
 DEFAULT_DIR = Path("~") / "klbook-exercises"
+LANGUAGES = ("en", "zh")
+CATALOGUES = REPO / "locales" / "zh_CN" / "LC_MESSAGES" / "exercises"
+_ITEM = re.compile(r"^(\s*(?:[-*+]|\d+\.)\s+)(.*)$")
+_HEADING = re.compile(r"^(#{1,6}\s+)(.*)$")
 
 
 class StartError(ValueError):
@@ -59,8 +68,83 @@ def resolve(exercise: str) -> str:
     raise StartError(f"exercise: unknown exercise {exercise!r}; choose one of {', '.join(names)}")
 
 
-def start(exercise: str, directory: str | os.PathLike | None = None, force: bool = False) -> Path:
-    """Write the student notebook of ``exercise`` into ``directory``; return the new file's path."""
+def catalogue(name: str) -> dict[str, str]:
+    """The Chinese translations of exercise ``name``'s text: English message -> Chinese."""
+    from babel.messages.pofile import read_po
+
+    path = CATALOGUES / f"{name}.po"
+    if not path.is_file():
+        raise StartError(f"lang: no Chinese catalogue for {name} ({path})")
+    with path.open("rb") as f:
+        return {m.id: m.string for m in read_po(f)
+                if m.id and isinstance(m.id, str) and m.string and not m.fuzzy}
+
+
+def translate_markdown(source: str, messages: dict[str, str]) -> tuple[str, int, int]:
+    """``source`` (a Markdown cell) with each paragraph, heading and list item replaced by its
+    translation in ``messages``, keyed as Sphinx's gettext builder extracts them (the lines of
+    a block joined by spaces). Fenced blocks and display math stay as they are. Returns the new source, the
+    number of blocks translated and the number of blocks with text."""
+    out: list[str] = []
+    done = total = 0
+    block: list[str] = []
+    fenced = False
+
+    def flush() -> None:
+        nonlocal done, total
+        if not block:
+            return
+        if block[0].lstrip().startswith("$$"):          # display math: nothing to translate
+            out.extend(block)
+            block.clear()
+            return
+        units: list[tuple[str, list[str]]] = []          # (prefix, lines) of each unit
+        for line in block:
+            head, item = _HEADING.match(line), _ITEM.match(line)
+            if head:
+                units.append((head.group(1), [head.group(2)]))
+                units.append(("", []))                   # what follows a heading starts afresh
+            elif item:
+                units.append((item.group(1), [item.group(2)]))
+            elif units and units[-1][1]:
+                units[-1][1].append(line)
+            else:
+                units.append(("", [line]))
+        for prefix, lines in units:
+            if not lines:
+                continue
+            total += 1
+            key = " ".join(x.strip() for x in lines)
+            if key in messages:
+                done += 1
+                out.append(prefix + messages[key])
+            else:
+                out.extend([prefix + lines[0]] + lines[1:])
+        block.clear()
+
+    for line in source.split("\n"):
+        if line.strip().startswith("```"):
+            flush()
+            fenced = not fenced
+            out.append(line)
+        elif fenced:
+            out.append(line)
+        elif not line.strip():
+            flush()
+            out.append(line)
+        else:
+            block.append(line)
+    flush()
+    return "\n".join(out), done, total
+
+
+def start(exercise: str, directory: str | os.PathLike | None = None, force: bool = False,
+          lang: str = "en") -> Path:
+    """Write the student notebook of ``exercise`` into ``directory``; return the new file's path.
+
+    ``lang="zh"``: its text cells in Chinese (:func:`translate_markdown`), its code unchanged."""
+    if lang not in LANGUAGES:
+        raise StartError(f"lang: must be one of {', '.join(LANGUAGES)}, got {lang!r}")
     name = resolve(exercise)
     target_dir = Path(directory if directory is not None else DEFAULT_DIR).expanduser().resolve()
     repo = REPO.resolve()
@@ -75,6 +159,16 @@ def start(exercise: str, directory: str | os.PathLike | None = None, force: bool
         raise StartError(f"directory: {target_dir} exists and is not a directory")
     target_dir.mkdir(parents=True, exist_ok=True)
     text = (STUDENTS / f"{name}.ipynb").read_text(encoding="utf-8")
+    if lang == "zh":
+        messages = catalogue(name)
+        nb = json.loads(text)
+        for cell in nb["cells"]:
+            if cell.get("cell_type") == "markdown":
+                src = cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
+                new, _, _ = translate_markdown(src, messages)
+                cell["source"] = new.splitlines(keepends=True)
+        nb["metadata"].setdefault("klbook", {})["lang"] = "zh"
+        text = json.dumps(nb, indent=1, ensure_ascii=False) + "\n"
     tmp = target.with_name(f".{target.name}.tmp")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, target)
@@ -83,7 +177,7 @@ def start(exercise: str, directory: str | os.PathLike | None = None, force: bool
 
 def _run(args: argparse.Namespace) -> int:
     try:
-        path = start(args.exercise, args.directory, force=args.force)
+        path = start(args.exercise, args.directory, force=args.force, lang=args.lang)
     except (StartError, OSError) as exc:
         print(f"klbook start: {exc}", file=sys.stderr)
         return 2
@@ -100,4 +194,6 @@ def add_parser(subparsers) -> None:
     s.add_argument("directory", nargs="?", default=None,
                    help=f"where to write it (default {DEFAULT_DIR}); not inside the repository")
     s.add_argument("--force", action="store_true", help="overwrite an existing copy")
+    s.add_argument("--lang", choices=LANGUAGES, default="en",
+                   help="zh: the text cells in Chinese (the code and the grading are the same)")
     s.set_defaults(func=_run)
