@@ -1140,3 +1140,17 @@ def test_a_chinese_chapter_in_the_browser(browser, server, rel, viewport):
     # 2026-12-02, where an untranslated page has none), and a page's worth of them
     assert text["cjk"] > text["latin"] and text["cjk"] > 500, (rel, text)
     assert text["width"] <= text["view"] + 1, f"{rel}: the page is wider than the screen"
+
+
+def test_the_chinese_search_finds_chinese_words(browser, server):
+    # Sphinx's Chinese search (jieba splits the text into words): a query in Chinese finds pages
+    page, errors = _open(browser, urljoin(server, "zh/search.html?q=%E6%95%A3%E5%BA%A6"), LAPTOP)   # 散度
+    try:
+        page.wait_for_function("() => document.querySelectorAll('#search-results li').length > 0",
+                               timeout=30000)
+        hits = page.evaluate("() => [...document.querySelectorAll('#search-results li a')]"
+                             ".map(a => a.getAttribute('href'))")
+    finally:
+        page.close()
+    assert not errors, errors
+    assert len(hits) >= 5 and any("chapters/01_kl_definition" in h for h in hits), hits
