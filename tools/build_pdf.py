@@ -96,13 +96,9 @@ def build_singlehtml(root: Path) -> Path:
 def build_singlehtml_zh(root: Path) -> Path:
     """The Chinese edition as one page (``language=zh_CN``, the catalogues of ``locales/``),
     from the same jupyter-cache: ``_build/singlehtml-zh``."""
-    sys.path.insert(0, str(root / "tools"))
-    import i18n
+    import i18n      # tools/, on sys.path above (it builds the book it lies in)
 
-    out = root / "_build" / "singlehtml-zh"
-    i18n._sphinx(out, "singlehtml", ".doctrees-zh-single", {"language": i18n.LANGUAGE},
-                 keep_going=True, quiet=True)
-    return out
+    return i18n.build(warningiserror=False, builder="singlehtml", quiet=True)
 
 
 # ------------------------------------------------------------------ in the browser

@@ -275,9 +275,15 @@ def status(paths: list[Path] | None = None) -> dict[str, tuple[int, int]]:
     return out
 
 
-def build(warningiserror: bool = True, overrides: dict | None = None) -> None:
-    _sphinx(ZH_HTML, "html", ".doctrees-zh", {"language": LANGUAGE, **(overrides or {})},
-            warningiserror=warningiserror, keep_going=True)
+def build(warningiserror: bool = True, overrides: dict | None = None, builder: str = "html",
+          quiet: bool = False) -> Path:
+    """The Chinese edition with Sphinx's ``builder``: ``html`` into ``_build/html/zh``, another
+    (``singlehtml`` for the PDF) into ``_build/<builder>-zh``. Returns the output folder."""
+    out = ZH_HTML if builder == "html" else ROOT / "_build" / f"{builder}-zh"
+    doctrees = ".doctrees-zh" if builder == "html" else f".doctrees-zh-{builder}"
+    _sphinx(out, builder, doctrees, {"language": LANGUAGE, **(overrides or {})},
+            warningiserror=warningiserror, keep_going=True, quiet=quiet)
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
