@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
-__all__ = ["table", "format_number", "glue_figure", "phone_key", "phone_layout", "tick_fontsize_pt",
+__all__ = ["table", "format_number", "glue_figure", "phone_key", "phone_layout", "text_fontsize_pt", "tick_fontsize_pt",
            "png_info"]
 
 
@@ -117,6 +117,42 @@ def tick_fontsize_pt(fig: Any) -> float | None:
             for label in axis.get_majorticklabels():
                 if label.get_visible() and label.get_text().strip():
                     sizes.append(float(label.get_fontsize()))
+    return min(sizes) if sizes else None
+
+
+def text_fontsize_pt(fig: Any) -> float | None:
+    """The smallest font size (pt) of the visible, non-empty text of ``fig``: tick labels (as
+    :func:`tick_fontsize_pt`), axis labels, titles, legend entries and titles, annotations
+    and figure texts (a suptitle, ``fig.text``).
+
+    ``None`` when the figure shows no text at all.
+    """
+    from matplotlib.text import Text
+
+    ticks = set()
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            for tick in axis.get_major_ticks() + axis.get_minor_ticks():
+                ticks.update((id(tick.label1), id(tick.label2)))
+    # an axis label is drawn only when its axes shows its axis (``ax.axis("off")`` hides it)
+    labels = {id(axis.label): (ax, axis) for ax in fig.axes for axis in (ax.xaxis, ax.yaxis)}
+    sizes = []
+
+    def walk(artist) -> None:  # an invisible artist hides what it holds (a hidden legend's texts)
+        if not artist.get_visible():
+            return
+        if isinstance(artist, Text) and id(artist) not in ticks and artist.get_text().strip():
+            owner = labels.get(id(artist))
+            if owner is None or (owner[0].axison and owner[1].get_visible()):
+                sizes.append(float(artist.get_fontsize()))
+        for child in artist.get_children():
+            if child is not artist:
+                walk(child)
+
+    walk(fig)
+    tick = tick_fontsize_pt(fig)
+    if tick is not None:
+        sizes.append(tick)
     return min(sizes) if sizes else None
 
 
@@ -269,10 +305,10 @@ def phone_layout(fig: Any) -> tuple[Any, str]:
     stacked = not _side_by_side(panels)
     if stacked:
         shown = _rendered_width_in(fig)
-        tick = tick_fontsize_pt(fig) or 10.0
+        tick = text_fontsize_pt(fig) or 10.0
         css = tick / 72 * fig.dpi * min(1.0, PHONE_COLUMN_CSS_PX / max(shown * fig.dpi, 1e-6))
         if shown <= PHONE_WIDTH_IN or css >= PHONE_TICK_CSS_PX:
-            return None, (f"one column, {shown:.1f} in wide as drawn: its {tick:g} pt tick labels are "
+            return None, (f"one column, {shown:.1f} in wide as drawn: its smallest text ({tick:g} pt) is "
                           f"{css:.1f} CSS px on a phone, legible as it is")
     try:
         copy = _copy_figure(fig)
@@ -372,6 +408,7 @@ def _with_text(png: bytes, key: str, text: str) -> bytes:
 def png_info(png: bytes) -> dict:
     """What :func:`glue_figure` wrote into a PNG (``{}`` for any other PNG):
     ``rendering`` ("wide" or "phone"), ``dpi``, ``tick_pt`` (smallest tick label, pt),
+    ``text_pt`` (smallest text of any kind: labels, titles, legends, annotations, pt),
     ``width_in``/``height_in`` (figure size) and ``panels``."""
     import json
 
@@ -391,6 +428,7 @@ def _annotated_png(fig, rendering: str) -> bytes:
     png = _png_of(fig)
     width, height = (float(v) for v in fig.get_size_inches())
     info = {"rendering": rendering, "dpi": float(fig.dpi), "tick_pt": tick_fontsize_pt(fig),
+            "text_pt": text_fontsize_pt(fig),
             "width_in": round(width, 3), "height_in": round(height, 3),
             "panels": sum(1 for ax in fig.axes if ax.get_visible())}
     return _with_text(png, PNG_TEXT_KEY, json.dumps(info, sort_keys=True))

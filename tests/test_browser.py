@@ -13,7 +13,8 @@ Run after the book build (`make test-browser`). Every test here reads the built 
   phone a wide one scrolls inside its own box and shows that it does (a fade), and an
   equation's number stays in view;
 - figures on a phone: tick text of every figure glued with kb.display.glue_figure at least
-  MIN_TICK_CSS_PX CSS px at 390 px (from the dpi and tick size the PNG records, its natural
+  MIN_TICK_CSS_PX CSS px at 390 px, and every legend, title and label at least MIN_TEXT_CSS_PX
+  (from the dpi and text sizes the PNG records, its natural
   width and its CSS width); a phone rendering is only a <picture>'s <source>;
 - text: the KL keeps its double bar in every table, no "exercise Exercise 4.3", the proof
   index lists titles, the execution page has plain check marks, plotting code sits
@@ -942,6 +943,7 @@ def test_wide_prose_tables_become_cards_on_a_phone(browser, server):
 #     tick_pt / 72 * dpi  PNG pixels  *  (CSS width of the <img> / natural width of the PNG)
 # CSS pixels high (its em size). At 390 px it must be at least MIN_TICK_CSS_PX.
 MIN_TICK_CSS_PX = 7.0
+MIN_TEXT_CSS_PX = 7.0   # the smallest legend, title, label or annotation text (klbook_lib.display.text_fontsize_pt)
 
 FIGURE_IMAGES_JS = """
 () => [...document.querySelectorAll('article figure img')].map(img => ({
@@ -985,7 +987,8 @@ FIGURE_PAGES = _pages_with("<figure") if HTML.exists() else []
 @pytest.mark.parametrize("rel", FIGURE_PAGES)
 def test_figure_tick_text_is_legible_at_390px(browser, server, rel, record_property):
     """Every figure glued with kb.display.glue_figure shows its tick labels at least
-    MIN_TICK_CSS_PX CSS px high at 390 px, computed from the figure's DPI and tick size (read
+    MIN_TICK_CSS_PX and every other text (legend, titles, labels) at least MIN_TEXT_CSS_PX
+    CSS px high at 390 px, computed from the figure's DPI and tick size (read
     from the PNG the browser chose), the PNG's natural width and the <img>'s CSS width.
     Figures glued with plain glue() carry no such record and are not measured (a page
     without any passes)."""
@@ -998,11 +1001,17 @@ def test_figure_tick_text_is_legible_at_390px(browser, server, rel, record_prope
         assert img["complete"] and img["natural"] == img["png_width"], img
         if img["picture"]:
             assert info["rendering"] == "phone", f"{rel} {img['figure']}: at 390 px the <picture> shows {info}"
-        css = info["tick_pt"] / 72 * info["dpi"] * img["shown"] / img["natural"]
+        scale = 1 / 72 * info["dpi"] * img["shown"] / img["natural"]
+        css = info["tick_pt"] * scale
         measured.append((img["figure"], round(css, 2)))
         if css < MIN_TICK_CSS_PX:
             small.append(f"{img['figure']}: tick labels {css:.1f} CSS px ({info['tick_pt']:g} pt at {info['dpi']:g} dpi, "
                          f"PNG {img['natural']} px shown {img['shown']:.0f} px, {info['rendering']} rendering)")
+        # every other text too (legends, titles, axis labels, annotations), when the PNG records it
+        text = info.get("text_pt")
+        if text is not None and text * scale < MIN_TEXT_CSS_PX:
+            small.append(f"{img['figure']}: its smallest text (legend, title, label or annotation) is "
+                         f"{text * scale:.1f} CSS px ({text:g} pt, {info['rendering']} rendering)")
     record_property("tick_css_px", measured)
     print(f"\n{rel}: tick text at 390 px (CSS px): {measured}")
     assert not small, (f"{rel}: tick text smaller than {MIN_TICK_CSS_PX} CSS px at 390 px (panels side by side get "

@@ -57,7 +57,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from klbook_lib import display  # noqa: E402
-from klbook_lib.display import glue_figure, phone_key, phone_layout, png_info, tick_fontsize_pt  # noqa: E402
+from klbook_lib.display import (glue_figure, phone_key, phone_layout, png_info, text_fontsize_pt,  # noqa: E402
+                                tick_fontsize_pt)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -127,6 +128,43 @@ def test_a_very_wide_single_panel_is_narrowed():
     phone, why = phone_layout(fig)
     assert phone is not None, why
     assert phone.get_size_inches()[0] == pytest.approx(4.8)
+
+
+def test_text_fontsize_counts_every_visible_text_and_nothing_hidden():
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [0, 1], label="a line")
+    ax.tick_params(labelsize=11)
+    ax.set_xlabel("x", fontsize=12)
+    ax.set_title("title", fontsize=14)
+    assert text_fontsize_pt(fig) == 11.0                     # the ticks are the smallest
+    legend = ax.legend(fontsize=6)
+    assert text_fontsize_pt(fig) == 6.0 and tick_fontsize_pt(fig) == 11.0
+    legend.set_visible(False)                                # a hidden legend does not count ...
+    assert text_fontsize_pt(fig) == 11.0
+    ax.annotate("note", (0.5, 0.5), fontsize=7)              # ... an annotation does
+    fig.suptitle("the whole figure", fontsize=5)             # and a figure text
+    assert text_fontsize_pt(fig) == 5.0
+    ax.text(0.1, 0.1, "   ", fontsize=3)                     # blank text is not text
+    assert text_fontsize_pt(fig) == 5.0
+    empty = plt.figure()
+    assert text_fontsize_pt(empty) is None
+    off, ax_off = plt.subplots()
+    ax_off.axis("off")
+    ax_off.set_title("only a title", fontsize=9)
+    ax_off.set_xlabel("hidden with the axis", fontsize=4)    # not drawn when the axis is off
+    assert text_fontsize_pt(off) == 9.0
+
+
+def test_one_panel_with_a_small_legend_is_narrowed_for_the_phone():
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))  # 11 pt ticks are legible at 342 px ...
+    ax.tick_params(labelsize=11)
+    ax.plot([0, 1], [0, 1], label="line")
+    ax.legend(fontsize=7)                      # ... a 7 pt legend (5 CSS px there) is not
+    phone, why = phone_layout(fig)
+    assert phone is not None, why
+    assert phone.get_size_inches()[0] == pytest.approx(4.8)
+    ax.get_legend().remove()
+    assert phone_layout(fig)[0] is None
 
 
 @pytest.mark.parametrize("case", ["colorbar", "add_axes", "subfigures"])
