@@ -8,7 +8,10 @@
 3. The tooling: the file name tells the exercise, ``klbook start project2``, the CSV's report row,
    the release's student notebook and task module name no trap.
 4. (slow) The outcome: the master's loop earns full credit on a grader run; the same loop without
-   the KL penalty loses the KL-budget credit; a per-token reward with the sign flipped earns nothing.
+   the KL penalty loses the KL-budget credit; the same loop reusing its first sampled batch for
+   every iteration earns nothing; a per-token reward with the sign flipped earns nothing.
+   (Advantages and returns left attached to the value model's graph are NOT caught by the outcome:
+   the policy's gradient is the same, and such a loop earns full credit on the grader's seeds.)
 Master full marks and stub zero are in tests/test_exercises.py (they cover every exercise).
 """
 from __future__ import annotations
@@ -287,6 +290,36 @@ def test_a_loop_without_the_kl_penalty_loses_the_kl_budget_credit():
     ns["train_project"] = lambda seed: ns["project"].package(train(seed, beta=0.0), ns["per_token_rewards"])
     credit, why = _credit(ns, 1)
     assert credit <= 0.5, why
+
+
+@pytest.mark.slow
+def test_a_loop_that_reuses_its_first_batch_earns_nothing():
+    """The master's loop with ``sample_responses`` answering its first batch for every iteration
+    (responses sampled once, not from the current policy): the policy drifts far from pi_ref and
+    often stops ending its responses (EOS in 3 to 74 % of the grader's responses). Measured on the grader's seeds 31, 32, 33: credit 0 on each, score -0.4 to -1.9 against
+    pi_ref (credit needs +0.3, half of it needs +0.15), KL 23 to 52 nats (budget 4); the master:
+    credit 1, score +0.46 to +0.56, KL 1.1 to 3.1. Asserted on two seeds."""
+    ns = _master_ns()
+    sample, train = ns["sample_responses"], ns["train_rlhf"]
+
+    def train_project(seed):
+        first: list = []
+
+        def once(*args):
+            if not first:
+                first.append(sample(*args))
+            return first[0]
+
+        ns["sample_responses"] = once
+        try:
+            return ns["project"].package(train(seed), ns["per_token_rewards"])
+        finally:
+            ns["sample_responses"] = sample
+
+    ns["train_project"] = train_project
+    for seed_index in (1, 2):
+        credit, why = _credit(ns, seed_index)
+        assert credit == 0.0, (seed_index, why)
 
 
 def test_a_per_token_reward_with_the_kl_sign_flipped_earns_nothing_from_training():
