@@ -187,7 +187,8 @@ def test_outcome_tasks_state_their_time_limits_and_seeds():
             if len(judged) == len(q.cases):                     # a training task on seeds
                 assert q.full_marks_at == len(q.cases) - 1
                 assert f"at most ${q.timeout:g}$ s each" in text, (exercise, q.id)
-                words = {3: "Two credits out of three", 4: "Three credits out of four"}[len(q.cases)]
+                words = {3: "Two credits out of three", 4: "Three credits out of four",
+                         6: "Five credits out of six"}[len(q.cases)]
                 assert f"{words} give full marks" in text
 
 

@@ -12,6 +12,9 @@ Each module trains something with a student's functions and checks the outcome:
     ppo_kl_project project 1: the student's own KL-penalty PPO on the batched CartPole; this module
                    fixes only the actor's shape and judges the returned actor (return played
                    here, the last update's KL recomputed, beta checked against the rule)
+    grpo_project   project 3: the student's own GRPO on the enumerable sequence model
+                   (:mod:`klbook_lib.seqkl`); this module hands out the problem and its plumbing
+                   and judges the returned logits tables exactly (reward and KL by enumeration)
     token_trainer  exercise 5: the toy token-level problem of the "broken trainer" (a tabular
                    autoregressive policy whose KL and reward are exact, :mod:`klbook_lib.seqkl`),
                    its dashboard and the exact evaluation of a training run

@@ -1,7 +1,7 @@
 """The registry of graded exercises: each exercise's module, by the exercise's name.
 
 A question and its cases are defined in :mod:`klbook_lib.grading.hidden.questions`; each
-exercise's questions live in their own module (``ex01`` ... ``ex14``, and the projects, ``project1``, ``project2``), which defines
+exercise's questions live in their own module (``ex01`` ... ``ex14``, and the projects, ``project1``, ``project2``, ``project3``), which defines
 ``EXERCISE`` (the notebook's name) and ``questions()``. This module imports them all plainly
 and is what the grader, ``klbook make-student`` and the release use:
 :func:`exercise_names` and :func:`questions`. A new exercise adds its module to
@@ -14,14 +14,14 @@ from types import ModuleType
 
 from klbook_lib.grading.hidden import (ex01, ex02, ex03, ex04, ex05, ex06, ex07, ex08, ex09, ex10,
                                        ex11_sequence, ex12, ex13, ex14, ex14_offpolicy,
-                                       ex15_exploration, project1, project2)
+                                       ex15_exploration, project1, project2, project3)
 from klbook_lib.grading.hidden.choices import EXPLAIN
 from klbook_lib.grading.hidden.questions import Question
 
 # in the order the grader has always listed them (ex14, the review, used to come after ex10)
 MODULES: tuple[ModuleType, ...] = (ex01, ex02, ex03, ex04, ex05, ex06, ex07, ex08, ex09, ex10, ex14,
                                    ex13, ex11_sequence, ex12, ex14_offpolicy, ex15_exploration,
-                                   project1, project2)
+                                   project1, project2, project3)
 REGISTRY: dict[str, ModuleType] = {m.EXERCISE: m for m in MODULES}
 
 

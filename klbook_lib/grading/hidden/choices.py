@@ -163,4 +163,9 @@ EXPLAIN: dict[tuple[str, str], dict[str, str]] = {
         "C": "The sampled log-ratio's expectation is taken under pi_theta, which samples the tokens: that is KL(pi_theta || pi_ref), not KL(pi_ref || pi_theta).",
         "D": "Without discounting nothing is lost along the response: every token's penalty reaches the return, not only the last token's.",
     },
+    ("project3_grpo_kl", "q5"): {
+        "A": "An unbiased estimate of the KL's value does not give its gradient: k3 differentiated per token has the expected gradient of a per-position forward KL, not that of KL(pi_theta || pi_ref).",
+        "C": "Differentiating k3 token by token drops the score-function part: no token is charged for the KL its choice causes at the later positions, and even one token's gradient is that of KL(pi_ref || pi_theta).",
+        "D": "A sampled estimate can be exact in expectation: the policy-gradient theorem makes E[K(y) grad log pi_theta(y)] equal grad KL(pi_theta || pi_ref) when K(y) is the sequence's summed log-ratio.",
+    },
 }
