@@ -272,6 +272,20 @@ def _legends_below(panels) -> bool:
     return moved
 
 
+def _wrap_titles(fig) -> None:
+    """Let the titles of ``fig`` (axes titles, a suptitle) wrap at the figure's edge: a title
+    longer than the phone's width would otherwise widen the tight PNG and shrink everything."""
+    from matplotlib.text import Text
+
+    for child in fig.get_children():
+        if isinstance(child, Text):            # the suptitle, supxlabel/supylabel
+            child.set_wrap(True)
+    for ax in fig.axes:
+        for child in ax.get_children():         # the three title slots, not the annotations
+            if isinstance(child, Text) and child not in ax.texts:
+                child.set_wrap(True)
+
+
 def phone_layout(fig: Any) -> tuple[Any, str]:
     """A copy of ``fig`` laid out for a phone, or ``None``; and a sentence saying which.
 
@@ -281,7 +295,7 @@ def phone_layout(fig: Any) -> tuple[Any, str]:
       moves to an N x 1 GridSpec in reading order (row by row), the figure becomes
       ``PHONE_WIDTH_IN`` wide and ``PHONE_PANEL_HEIGHT_IN`` per panel, with tight layout.
       Legends, titles and a suptitle come along (a legend placed beside its panel moves
-      below it); shared axes show their tick labels on every panel; twin axes
+      below it; a title wider than the figure wraps); shared axes show their tick labels on every panel; twin axes
       (``twinx``/``twiny``) and insets made with ``ax.inset_axes`` move with their axes.
     * One column (one axes, or panels already stacked) that is so wide that its tick
       labels would be smaller than ``PHONE_TICK_CSS_PX`` CSS px in the phone's 342 px
@@ -329,6 +343,7 @@ def phone_layout(fig: Any) -> tuple[Any, str]:
                 ax.set_subplotspec(grid[i, 0])
         if n > 1:
             _show_shared_labels(moved)
+        _wrap_titles(copy)
         new_height = PHONE_PANEL_HEIGHT_IN * n if n > 1 else min(max(height, 2.8), 4.0)
         copy.set_size_inches(PHONE_WIDTH_IN, new_height, forward=False)
         import warnings

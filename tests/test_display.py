@@ -155,6 +155,23 @@ def test_text_fontsize_counts_every_visible_text_and_nothing_hidden():
     assert text_fontsize_pt(off) == 9.0
 
 
+def test_a_long_title_wraps_on_the_phone_instead_of_widening_the_png():
+    import io
+
+    from IPython.core.pylabtools import print_figure
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    axes[0].set_title("a title that is far longer than a phone's column is wide, with more words")
+    fig.suptitle("and a suptitle that is longer still than the four point eight inches of the phone")
+    for ax in axes:
+        ax.plot([0, 1], [0, 1])
+    phone, why = phone_layout(fig)
+    assert phone is not None, why
+    width = Image.open(io.BytesIO(print_figure(phone, "png", bbox_inches="tight"))).size[0]
+    assert width <= 4.8 * phone.dpi * 1.02, (width, phone.dpi)      # the tight PNG stays 4.8 in wide
+    assert axes[0].title.get_wrap() is False                            # the wide figure is unchanged
+
+
 def test_one_panel_with_a_small_legend_is_narrowed_for_the_phone():
     fig, ax = plt.subplots(figsize=(6.4, 4.0))  # 11 pt ticks are legible at 342 px ...
     ax.tick_params(labelsize=11)
