@@ -97,11 +97,16 @@ def n_prefixes() -> int:
     return _space().n_prefixes
 
 
-def reference_logits() -> torch.Tensor:
-    """``pi_ref``'s logits table ``[40, 4]`` (float64, a fresh copy)."""
+@functools.lru_cache(maxsize=1)
+def _reference() -> torch.Tensor:
     from klbook_lib import seqkl
 
     return seqkl.random_logits(_space(), scale=REF_SCALE, seed=REF_SEED)
+
+
+def reference_logits() -> torch.Tensor:
+    """``pi_ref``'s logits table ``[40, 4]`` (float64, a fresh copy)."""
+    return _reference().clone()
 
 
 @functools.lru_cache(maxsize=1)
@@ -131,12 +136,10 @@ def sample(logits: torch.Tensor, n: int, generator: torch.Generator
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """``log pi(a_t|s_t)`` of a batch of responses, ``[n, 4]``, 0 on pads; gradients flow into
     ``logits``. ``tokens`` and ``mask`` are what :func:`sample` returns."""
+    from klbook_lib import seqkl
+
     sp = _space()
-    m = mask > 0
-    index = sp.index_of(tokens.long(), m)
-    logp = torch.log_softmax(logits, dim=-1)
-    lp = logp[sp.prefix_index[index], sp.sequences[index]]
-    return torch.where(m, lp, torch.zeros_like(lp))
+    return seqkl.token_logprobs(sp, logits)[sp.index_of(tokens.long(), mask > 0)]
 
 
 def rewards(index: torch.Tensor) -> torch.Tensor:
@@ -158,7 +161,7 @@ def evaluate(logits) -> dict:
         raise ValueError("logits: the table is not all finite")
     with torch.no_grad():
         return {"expected_reward": float(seqkl.expected_reward(sp, table, _reward_table())),
-                "kl": float(seqkl.exact_kl(sp, table, reference_logits()))}
+                "kl": float(seqkl.exact_kl(sp, table, _reference()))}
 
 
 # ------------------------------------------------------------------ the probe of the loss
@@ -241,8 +244,8 @@ def judge(result, placement: str) -> tuple[float, str]:
             raise ValueError(f"the snapshots must be one table {list(ref.shape)} per iteration of the history")
         if not np.array_equal(snapshots[-1], logits):
             raise ValueError("the last snapshot is not the returned table")
-        final = evaluate(logits)
-        kls = np.array([evaluate(s)["kl"] for s in snapshots])
+        evals = [evaluate(s) for s in snapshots]   # the last snapshot is the returned table
+        final, kls = evals[-1], np.array([e["kl"] for e in evals])
     except (TypeError, ValueError, IndexError) as exc:
         return 0.0, f"not a training result [logits, history, snapshots, probe]: {exc}"
     want = expected_loss_probe(placement)
