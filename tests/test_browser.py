@@ -1123,7 +1123,11 @@ def test_a_chinese_chapter_shows_the_same_numbers_as_the_english_one(rel):
 _EN_DISPLAY: dict[str, int] = {}
 
 
-@pytest.mark.parametrize("viewport", [PHONE, LAPTOP], ids=["390px", "1366px"])
+# The Chinese pages share the English pages' theme, stylesheet and layout code, which the
+# English checks prove at both widths; what the translation can break (a lost equation, an
+# untranslated page, Chinese lines that do not wrap) shows at the phone width, the narrower
+# one, so each Chinese chapter is opened there only (issue 34: 16 page loads fewer).
+@pytest.mark.parametrize("viewport", [PHONE], ids=["390px"])
 @pytest.mark.parametrize("rel", _zh_pages())
 def test_a_chinese_chapter_in_the_browser(browser, server, rel, viewport):
     page, errors = _open(browser, urljoin(server, rel), viewport)

@@ -92,6 +92,14 @@ def test_every_chapter_in_the_toc_has_an_exercise_notebook():
     assert "ex14_review" in EXERCISES and (REPO / "exercises" / "ex14_review.ipynb").is_file()
 
 
+def test_every_master_is_graded_here():
+    """`make test` does not run the masters under nbval: test_master_scores_full_marks
+    executes each one top to bottom in the sandbox and fails on any cell that raises. That
+    holds only if every master notebook is an exercise of the bank."""
+    masters = {p.stem for p in (REPO / "exercises" / "masters").glob("*.ipynb")}
+    assert masters and masters == set(EXERCISES), sorted(masters ^ set(EXERCISES))
+
+
 def test_student_notebooks_are_up_to_date_with_the_masters():
     stale = student.stale_files()
     assert not stale, f"run `klbook make-student`; stale: {[str(p) for p in stale]}"

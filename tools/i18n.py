@@ -280,7 +280,9 @@ def build(warningiserror: bool = True, overrides: dict | None = None, builder: s
     """The Chinese edition with Sphinx's ``builder``: ``html`` into ``_build/html/zh``, another
     (``singlehtml`` for the PDF) into ``_build/<builder>-zh``. Returns the output folder."""
     out = ZH_HTML if builder == "html" else ROOT / "_build" / f"{builder}-zh"
-    doctrees = ".doctrees-zh" if builder == "html" else f".doctrees-zh-{builder}"
+    # one set of parsed documents for every builder of the edition (as the English PDF reuses
+    # the English HTML build's): the single-page build after the HTML one reads nothing again
+    doctrees = ".doctrees-zh"
     _sphinx(out, builder, doctrees, {"language": LANGUAGE, **(overrides or {})},
             warningiserror=warningiserror, keep_going=True, quiet=quiet)
     return out
