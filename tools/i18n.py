@@ -286,16 +286,239 @@ def build(warningiserror: bool = True, overrides: dict | None = None, builder: s
     return out
 
 
+# ---------------------------------------------------------------- the term table (issue 39)
+# locales/zh_CN/terms.tsv: one Chinese term per English concept. A message whose English names
+# a concept must not use that concept's rejected variants; ``terms --fix`` rewrites them (the
+# contextual rewrites of locales/zh_CN/terms_fixes.tsv first), so that it can be run again after
+# merging branches that added translations.
+TERMS_TSV = ROOT / "locales" / LANGUAGE / "terms.tsv"
+TERMS_FIXES_TSV = ROOT / "locales" / LANGUAGE / "terms_fixes.tsv"
+_CJK = "\u3400-\u9fff\uf900-\ufaff"
+# what a term fix never touches: math, code, roles that point or glue (a titled role's title and
+# a {term}'s title are prose and may be fixed), URLs, and an English gloss in full-width parentheses
+_FROZEN = re.compile(
+    r"\$\$.*?\$\$|(?<!\\)\$[^$]*\$|``[^`]*``|\{term\}`(?=[^`]*<)|\{(?:doc|ref|prf:ref)\}`(?=[^`<]*<[^`]*>`)"
+    r"|\s*<[^<>`]*>`|\{[\w:-]+\}`[^`]*`|`[^`]*`|https?://\S+|（[A-Za-z][A-Za-z ,'/-]*）", re.S)
+
+
+class Term:
+    def __init__(self, english, chinese, pinyin, en, rejected, paren, note):
+        self.english, self.chinese, self.pinyin, self.note = english, chinese, pinyin, note
+        self.en = re.compile(en, re.I) if en else None
+        self.rejected = [v.strip() for v in rejected.split(",") if v.strip()]
+        self.paren = paren
+
+    def __repr__(self):
+        return f"Term({self.english!r}, {self.chinese!r})"
+
+
+def read_terms(path: Path = TERMS_TSV) -> list[Term]:
+    rows = [line.split("\t") for line in path.read_text(encoding="utf-8").splitlines()
+            if line.strip() and not line.startswith("#")]
+    header, rows = rows[0], rows[1:]
+    if header[:7] != ["english", "chinese", "pinyin", "en", "rejected", "paren", "note"]:
+        raise ValueError(f"{path}: the header must be english, chinese, pinyin, en, rejected, paren, note")
+    terms = []
+    for n, row in enumerate(rows, 2):
+        if len(row) != 7 or not row[1]:
+            raise ValueError(f"{path}: row {n} must have 7 tab-separated columns and a Chinese term: {row!r}")
+        terms.append(Term(*row))
+    return terms
+
+
+def read_term_fixes(path: Path = TERMS_FIXES_TSV) -> list[tuple[str, str, str]]:
+    """(page or *, old, new): contextual rewrites, applied before the term-by-term ones."""
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip() and not line.startswith("#"):
+            page, old, new = line.split("\t")[:3]
+            out.append((page, old, new))
+    return out
+
+
+def _english_text(msgid: str) -> str:
+    """The English words of a message a reader sees: no math, code or glued values (a {term}'s
+    text and a reference's title stay)."""
+    text = re.sub(r"\{term\}`([^`<]*)(?:<[^>`]*>)?`", r"\1", msgid)
+    text = re.sub(r"\{(?:doc|ref|prf:ref)\}`([^`<]*)<[^>`]*>`", r"\1", text)
+    for pattern in _NO_TEXT:
+        text = pattern.sub(" ", text)
+    return text
+
+
+def _prose(msgstr: str) -> list[tuple[bool, str]]:
+    """The message cut into (editable, piece): prose is editable, _FROZEN pieces are not."""
+    out, at = [], 0
+    for m in _FROZEN.finditer(msgstr):
+        if m.start() > at:
+            out.append((True, msgstr[at:m.start()]))
+        out.append((False, m.group(0)))
+        at = m.end()
+    if at < len(msgstr):
+        out.append((True, msgstr[at:]))
+    return out
+
+
+def _prose_text(msgstr: str) -> str:
+    return " ¶ ".join(piece for editable, piece in _prose(msgstr) if editable)
+
+
+def _concepts(terms: list[Term], english: str) -> list[Term]:
+    return [t for t in terms if t.en and t.en.search(english)]
+
+
+def term_problems(msgid: str, msgstr: str, terms: list[Term]) -> list[str]:
+    """The rejected variants a translation uses. A variant is wrong where the message's English
+    names the concept that rejects it and no concept whose term it is (截断 is the term for
+    truncation, a rejected variant for clip): there it is right. Where both are named, the
+    message must also contain the rejecting concept's own term. A term without an English
+    pattern rejects its variants everywhere."""
+    if not msgstr or msgstr == msgid:
+        return []
+    english, prose = _english_text(msgid), _prose_text(msgstr)
+    present = _concepts(terms, english)
+    problems = []
+    for term in terms:
+        if term.en is not None and term not in present:
+            continue
+        masked = not any(term.chinese in v for v in term.rejected)
+        rest = prose.replace(term.chinese, "\0") if masked else prose
+        for variant in term.rejected:
+            if variant in term.chinese and variant != term.chinese:
+                continue
+            hits = rest.count(variant) if not variant.isascii() else len(
+                re.findall(rf"(?<![A-Za-z_]){re.escape(variant)}s?(?![A-Za-z_])", rest))
+            if not hits:
+                continue
+            owners = [t for t in present if t is not term and (t.chinese == variant or variant in t.chinese)]
+            if owners and term.en is not None:
+                if term.chinese not in prose:
+                    problems.append(f"{term.english}: uses {variant} ({'/'.join(o.english for o in owners)} "
+                                    f"also named) but not {term.chinese}")
+            else:
+                problems.append(f"{term.english}: {variant} (write {term.chinese})")
+    return problems
+
+
+def _replace_variant(text: str, variant: str, chinese: str) -> str:
+    if variant.isascii():                  # an English word left in Chinese prose: spaces go with it
+        def sub(m):
+            return chinese
+        text = re.sub(rf"(?:(?<=[{_CJK}，。；：、）])\s*)?(?:个\s*)?(?<![A-Za-z_]){re.escape(variant)}s?(?![A-Za-z_])"
+                      rf"(?:\s*(?=[{_CJK}，。；：、（]))?", sub, text)
+        return text
+    return text.replace(variant, chinese)
+
+
+def fix_message(page: str, msgid: str, msgstr: str, terms: list[Term],
+                fixes: list[tuple[str, str, str]]) -> str:
+    """The translation with its term problems rewritten where the rewrite is certain: the
+    contextual fixes of the page, then each rejected variant of a concept that the English names
+    alone (no other concept claims the variant). Math, code and references are never touched."""
+    if not msgstr or msgstr == msgid:
+        return msgstr
+    english = _english_text(msgid)
+    present = _concepts(terms, english)
+    pieces = _prose(msgstr)
+    out = []
+    for editable, piece in pieces:
+        original = piece
+        if editable:
+            for fix_page, old, new in fixes:
+                if fix_page in ("*", page):
+                    piece = piece.replace(old, new)
+            for term in terms:
+                if term.en is not None and term not in present:
+                    continue
+                for variant in term.rejected:
+                    if variant in term.chinese:
+                        continue
+                    owners = [t for t in present if t is not term and (t.chinese == variant or variant in t.chinese)]
+                    if owners and term.en is not None:
+                        continue            # both concepts named: only a contextual fix decides
+                    piece = _replace_variant(piece, variant, term.chinese)
+            if piece != original:       # a replaced English word leaves no space between Chinese characters
+                piece = re.sub(rf"(?<=[{_CJK}])[ ]+(?=[{_CJK}])", "", piece)
+        out.append(piece)
+    return "".join(out)
+
+
+def _first_use_glosses(page_messages: list, terms: list[Term]) -> None:
+    """The English term in parentheses after a term's first use on a page (a sentence, not a
+    title: the message must end like a sentence); nothing when the page glosses it already."""
+    for term in terms:
+        if not term.paren or term.en is None:
+            continue
+        gloss = f"{term.chinese}（{term.paren}）"
+        for message in page_messages:
+            if not (message.string and message.string != message.id):
+                continue
+            if gloss in message.string or re.search(rf"（{re.escape(term.paren)}[^）]*）", message.string):
+                break
+            if not term.en.search(_english_text(message.id)) or term.chinese not in _prose_text(message.string):
+                continue
+            if not re.search(r"[。；：？！]\s*$|[.?!:]\s*$", message.string.strip()):
+                continue
+            pieces, done = _prose(message.string), False
+            for i, (editable, piece) in enumerate(pieces):
+                if i + 1 < len(pieces) and pieces[i + 1][1].lstrip().startswith("<"):
+                    continue        # a {term}'s or a reference's title: the glossary glosses it
+                if editable and not done:
+                    # not inside a compound (裁剪替代目标, 模式寻求): the term ends a word here
+                    m = re.search(rf"{re.escape(term.chinese)}(?=$|[^{_CJK}（(]|[的到和与或时后是在把被会也都就])", piece)
+                    if m:
+                        pieces[i] = (True, piece[:m.end()] + f"（{term.paren}）" + piece[m.end():])
+                        done = True
+            if done:
+                message.string = "".join(p for _, p in pieces)
+                break
+
+
+def terms_check(fix: bool = False, locale_dir: Path | None = None, verbose: bool = True) -> int:
+    """List (and with ``fix`` rewrite) the catalogues' term problems. Returns the number left."""
+    terms, fixes = read_terms(), read_term_fixes()
+    left = 0
+    locale_dir = locale_dir or LOCALE_DIR
+    for po_path in sorted(locale_dir.rglob("*.po")):
+        page = str(po_path.relative_to(locale_dir).with_suffix(""))
+        catalog = _read(po_path)
+        messages = [m for m in catalog if m.id]
+        changed = False
+        if fix:
+            for message in messages:
+                new = fix_message(page, message.id, message.string, terms, fixes)
+                if new != message.string and not check_translation(message.id, new):
+                    message.string, changed = new, True
+            before = [m.string for m in messages]
+            _first_use_glosses(messages, terms)
+            changed = changed or before != [m.string for m in messages]
+            if changed:
+                _write(catalog, po_path)
+        for message in messages:
+            for problem in term_problems(message.id, message.string, terms):
+                left += 1
+                if verbose:
+                    print(f"{page}: {problem}: {message.string[:90]!r}")
+    if verbose:
+        print(f"{left} term problem(s)")
+    return left
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", choices=["extract", "update", "status", "build", "export", "import", "check"])
+    parser.add_argument("command", choices=["extract", "update", "status", "build", "export", "import", "check", "terms"])
     parser.add_argument("page", nargs="?", help="export/import: the page, e.g. chapters/01_kl_definition")
     parser.add_argument("file", nargs="?", type=Path, help="export/import: the text file of blocks")
     parser.add_argument("--no-W", action="store_true", help="build: warnings are not errors")
     parser.add_argument("--no-execute", action="store_true",
                         help="extract: read the notebooks without executing any (glued figures' "
                              "captions missing where the jupyter-cache has no run)")
+    parser.add_argument("--fix", action="store_true", help="terms: rewrite the rejected variants (terms.tsv)")
     args = parser.parse_args(argv)
+    if args.command == "terms":
+        sys.exit(1 if terms_check(fix=args.fix) else 0)
     if args.command == "check":
         sys.exit(1 if check() else 0)
     if args.command == "extract":
