@@ -468,6 +468,9 @@ def _first_use_glosses(page_messages: list, terms: list[Term]) -> None:
                 if editable and not done:
                     # not inside a compound (裁剪替代目标, 模式寻求): the term ends a word here
                     m = re.search(rf"{re.escape(term.chinese)}(?=$|[^{_CJK}（(]|[的到和与或时后是在把被会也都就])", piece)
+                    glossed = i + 1 < len(pieces) and pieces[i + 1][1].lstrip()[:1] in ("（", "(")
+                    if m and m.end() == len(piece) and glossed:
+                        m = None            # an English gloss follows already: 非对称裁剪（Clip-Higher）
                     if m:
                         pieces[i] = (True, piece[:m.end()] + f"（{term.paren}）" + piece[m.end():])
                         done = True

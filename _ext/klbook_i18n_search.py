@@ -1,0 +1,134 @@
+"""Search that finds Chinese words on the Chinese edition (issue 39).
+
+Sphinx's Chinese search (``sphinx/search/zh.py``) segments the text with jieba but drops every
+one-character word (熵, 域 are never indexed), and the browser splits a query only at spaces and
+punctuation, so an unspaced query (奖励模型, KL散度) is looked up as one word that the index
+does not have. This extension replaces the ``zh`` search language with one that
+
+- gives jieba a user dictionary built from the term table (``locales/zh_CN/terms.tsv``) and the
+  glossary's Chinese names, so that 重要性采样, 奖励模型, 策略梯度 are words of the index (jieba's
+  search mode also indexes their parts: 重要性, 采样);
+- indexes every Chinese character as a word too, so that a one-character term (熵) is found;
+- segments the query in the browser the way the index was built: each run of Chinese characters
+  is cut, from the left, at the longest word that the index contains (up to eight characters),
+  and falls back to one character; Latin runs are split as Sphinx splits them (``KL散度`` ->
+  ``kl``, ``散度``).
+
+``segment_like_the_browser(query, words)`` is the same algorithm in Python, for the tests.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TERMS_TSV = ROOT / "locales" / "zh_CN" / "terms.tsv"
+CJK = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
+_CJK_CHAR = re.compile(f"[{CJK}]")
+_CJK_RUN = re.compile(f"[{CJK}]+|[^{CJK}]+")
+MAX_WORD = 8
+
+JS_SPLITTER = r"""
+function splitQuery(query) {
+  // klbook_i18n_search: a run of Chinese characters is cut at the longest word the index has
+  var idx = (typeof Search !== "undefined" && Search._index) ? Search._index : null;
+  var has = function (w) {
+    w = w.toLowerCase();
+    return !!idx && ((idx.terms && Object.prototype.hasOwnProperty.call(idx.terms, w)) ||
+                     (idx.titleterms && Object.prototype.hasOwnProperty.call(idx.titleterms, w)));
+  };
+  var cjk = /[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]/;
+  var out = [];
+  var runs = query.match(/[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+|[^\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+/g) || [];
+  runs.forEach(function (run) {
+    if (cjk.test(run[0])) {
+      var i = 0;
+      while (i < run.length) {
+        var j = Math.min(run.length, i + %(max)d);
+        for (; j > i + 1; j--) if (has(run.slice(i, j))) break;
+        out.push(run.slice(i, j));
+        i = j;
+      }
+    } else {
+      run.split(/[^\p{Letter}\p{Number}_\p{Emoji_Presentation}]+/gu).forEach(function (t) {
+        if (t) out.push(t);
+      });
+    }
+  });
+  return out;
+}
+""".replace("%(max)d", str(MAX_WORD))
+
+
+def user_words(terms_tsv: Path = TERMS_TSV, glossary_po: Path | None = None) -> list[str]:
+    """The words jieba must keep whole: each Chinese term of the term table (a term written
+    with a space, "KL 散度", gives its Chinese part and the term without the space), and the
+    Chinese names of the glossary's entries."""
+    words: list[str] = []
+    for line in terms_tsv.read_text(encoding="utf-8").splitlines()[1:]:
+        if line.startswith("#") or not line.strip():
+            continue
+        cols = line.split("\t")
+        if len(cols) > 1 and cols[0] != "english":
+            words.append(cols[1])
+    glossary_po = glossary_po or ROOT / "locales" / "zh_CN" / "LC_MESSAGES" / "glossary.po"
+    if glossary_po.is_file():
+        text = glossary_po.read_text(encoding="utf-8")
+        # a glossary entry's translation starts with its Chinese name: "KL 散度（相对熵）. ..."
+        words += re.findall(rf'msgstr "([{CJK}][{CJK}A-Za-z0-9 ]{{1,10}}?)(?:（|\.|。)', text)
+    out = []
+    for word in words:
+        for form in (word, word.replace(" ", ""), *re.findall(f"[{CJK}]+", word)):
+            if len(form) > 1 and _CJK_CHAR.search(form) and form not in out:
+                out.append(form)
+    return out
+
+
+def segment_like_the_browser(query: str, index_words) -> list[str]:
+    """What the browser's ``splitQuery`` returns for ``query`` against an index with
+    ``index_words`` (lower case)."""
+    out = []
+    for run in _CJK_RUN.findall(query):
+        if _CJK_CHAR.match(run):
+            i = 0
+            while i < len(run):
+                j = min(len(run), i + MAX_WORD)
+                while j > i + 1 and run[i:j].lower() not in index_words:
+                    j -= 1
+                out.append(run[i:j])
+                i = j
+        else:
+            out += [t for t in re.split(r"[^\w]+", run) if t]
+    return out
+
+
+def _make_language():
+    from sphinx.search.zh import SearchChinese
+
+    class SearchChineseWords(SearchChinese):
+        """Sphinx's Chinese search with the term table's words and single characters."""
+
+        js_splitter_code = JS_SPLITTER
+
+        def init(self, options):
+            super().init(options)
+            try:
+                import jieba
+            except ImportError:        # Sphinx then splits at spaces only; the single characters still help
+                return
+            for word in user_words():
+                jieba.add_word(word, freq=200000)
+
+        def split(self, input: str) -> list[str]:
+            words = super().split(input)
+            return words + _CJK_CHAR.findall(input)
+
+        def word_filter(self, stemmed_word: str) -> bool:
+            return len(stemmed_word) > 1 or bool(_CJK_CHAR.fullmatch(stemmed_word))
+
+    return SearchChineseWords
+
+
+def setup(app):
+    app.add_search_language(_make_language())
+    return {"parallel_read_safe": True, "parallel_write_safe": True}
