@@ -14,6 +14,11 @@ does not have. This extension replaces the ``zh`` search language with one that
   and falls back to one character; Latin runs are split as Sphinx splits them (``KL散度`` ->
   ``kl``, ``散度``).
 
+- ranks a page also by how often it uses the query's words (``_ext/klbook_i18n_scorer.js``, with
+  the counts of each term-table word per page written to ``_static/klbook-zh-tf.js`` at the end
+  of the build): Sphinx's index records only whether a page has a word, so without this every
+  chapter that mentions 信任域 once ties with the chapter about trust regions.
+
 ``segment_like_the_browser(query, words)`` is the same algorithm in Python, for the tests.
 """
 from __future__ import annotations
@@ -129,6 +134,67 @@ def _make_language():
     return SearchChineseWords
 
 
+SCORER = Path(__file__).resolve().parent / "klbook_i18n_scorer.js"
+TF_JS = "klbook-zh-tf.js"
+
+
+def term_counts(texts: dict[str, str], words) -> dict[str, dict[str, int]]:
+    """word (lower case) -> {page: how many times the page's text has it} (pages without it left out)."""
+    out: dict[str, dict[str, int]] = {}
+    for word in words:
+        per_page = {page: text.count(word) for page, text in texts.items()}
+        per_page = {page: n for page, n in per_page.items() if n}
+        if per_page:
+            out[word.lower()] = per_page
+    return out
+
+
+def _zh(app) -> bool:
+    return str(app.config.language or "").lower().startswith("zh")
+
+
+def _config_inited(app, config) -> None:
+    if str(config.language or "").lower().startswith("zh"):
+        config.html_search_scorer = str(SCORER)
+
+
+def _builder_inited(app) -> None:
+    if _zh(app) and app.builder.format == "html":
+        app.add_js_file(TF_JS, priority=400)
+
+
+def _write_counts(app, exception) -> None:
+    if exception or not _zh(app) or app.builder.format != "html" or app.builder.name == "singlehtml":
+        return
+    import json
+
+    texts = {}
+    for docname in sorted(app.env.found_docs):
+        try:
+            texts[docname] = app.env.get_doctree(docname).astext()
+        except Exception:      # a page that was not read in this build (no doctree): no counts
+            continue
+    words = user_words() + _single_terms()
+    counts = term_counts(texts, words)
+    static = Path(app.outdir) / "_static"
+    static.mkdir(parents=True, exist_ok=True)
+    (static / TF_JS).write_text("var KLBOOK_ZH_TF = " + json.dumps(counts, ensure_ascii=False, sort_keys=True)
+                                + ";\n", encoding="utf-8")
+
+
+def _single_terms(terms_tsv: Path = TERMS_TSV) -> list[str]:
+    """The term table's one-character terms (熵): not words for jieba, but counted for ranking."""
+    out = []
+    for line in terms_tsv.read_text(encoding="utf-8").splitlines():
+        cols = line.split("\t")
+        if len(cols) > 1 and len(cols[1]) == 1 and _CJK_CHAR.match(cols[1]):
+            out.append(cols[1])
+    return out
+
+
 def setup(app):
     app.add_search_language(_make_language())
+    app.connect("config-inited", _config_inited, priority=900)
+    app.connect("builder-inited", _builder_inited)
+    app.connect("build-finished", _write_counts)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

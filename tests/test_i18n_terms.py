@@ -9,6 +9,7 @@ leaves math, code and references alone, and then every catalogue of the book is 
 from __future__ import annotations
 
 import importlib.util
+import re
 import shutil
 from pathlib import Path
 
@@ -101,3 +102,17 @@ def test_each_page_glosses_the_english_of_a_term_at_its_first_use():
     clip = BY_EN["clip"]
     uses = [m for m in catalog if m.string and clip.en.search(i18n._english_text(m.id)) and "裁剪" in m.string]
     assert uses and any("裁剪（clipping）" in m.string for m in uses)
+
+
+def test_chinese_prose_has_chinese_quotes():
+    # the editor's pass (issue 39): “ ” in Chinese sentences; quotes inside math, code or HTML stay
+    fixed = i18n.fix_message("p", 'Say "no".', '说"不"，而 `a="b"` 与 <a href="x">链接</a> 不变。', TERMS, [])
+    assert fixed == '说“不”，而 `a="b"` 与 <a href="x">链接</a> 不变。'
+    left = []
+    for po in sorted(i18n.LOCALE_DIR.rglob("*.po")):
+        for m in i18n._read(po):
+            if m.id and m.string and m.string != m.id:
+                prose = re.sub(r"</?[A-Za-z][^<>]*>", "", i18n._prose_text(m.string))
+                if '"' in prose and re.search(r"[\u4e00-\u9fff]", prose):
+                    left.append(f"{po.stem}: {m.string[:60]!r}")
+    assert not left, left

@@ -298,7 +298,7 @@ _CJK = "\u3400-\u9fff\uf900-\ufaff"
 # a {term}'s title are prose and may be fixed), URLs, and an English gloss in full-width parentheses
 _FROZEN = re.compile(
     r"\$\$.*?\$\$|(?<!\\)\$[^$]*\$|``[^`]*``|\{term\}`(?=[^`]*<)|\{(?:doc|ref|prf:ref)\}`(?=[^`<]*<[^`]*>`)"
-    r"|\s*<[^<>`]*>`|\{[\w:-]+\}`[^`]*`|`[^`]*`|https?://\S+|（[A-Za-z][A-Za-z ,'/-]*）", re.S)
+    r"|\s*<[^<>`]*>`|\{[\w:-]+\}`[^`]*`|`[^`]*`|https?://\S+|（[A-Za-z][A-Za-z ,'/-]*）|</?[A-Za-z][^<>]*>", re.S)
 
 
 class Term:
@@ -432,7 +432,7 @@ def fix_message(page: str, msgid: str, msgstr: str, terms: list[Term],
             for term in terms:
                 if term.en is not None and term not in present:
                     continue
-                for variant in term.rejected:
+                for variant in sorted(term.rejected, key=len, reverse=True):     # 来源笔记 before 源笔记
                     if variant in term.chinese:
                         continue
                     owners = [t for t in present if t is not term and (t.chinese == variant or variant in t.chinese)]
@@ -441,6 +441,28 @@ def fix_message(page: str, msgid: str, msgstr: str, terms: list[Term],
                     piece = _replace_variant(piece, variant, term.chinese)
             if piece != original:       # a replaced English word leaves no space between Chinese characters
                 piece = re.sub(rf"(?<=[{_CJK}])[ ]+(?=[{_CJK}])", "", piece)
+        out.append(piece)
+    return _chinese_quotes(out, [editable for editable, _ in pieces])
+
+
+def _chinese_quotes(pieces: list[str], editable: list[bool]) -> str:
+    """ASCII double quotes in the prose of a Chinese message become “ ” (in pairs, across math
+    and code between them; quotes inside math, code or HTML stay)."""
+    text = "".join(pieces)
+    if not re.search(f"[{_CJK}]", text):
+        return text
+    count = sum(p.count('"') for p, e in zip(pieces, editable) if e)
+    if not count or count % 2:
+        return text
+    opening, out = True, []
+    for piece, e in zip(pieces, editable):
+        if e and '"' in piece:
+            chars = []
+            for ch in piece:
+                if ch == '"':
+                    ch, opening = ("\u201c" if opening else "\u201d"), not opening
+                chars.append(ch)
+            piece = "".join(chars)
         out.append(piece)
     return "".join(out)
 
