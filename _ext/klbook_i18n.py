@@ -91,6 +91,8 @@ def _config_inited(app, config) -> None:
     if is_zh(config.language):
         config.html_title = ZH_TITLE
         config.author = ZH_AUTHOR
+        if "togglebutton_hint" in config:        # sphinx-togglebutton's hover hints
+            config.togglebutton_hint, config.togglebutton_hint_hide = "点击显示", "点击隐藏"
         config.html_search_language = "zh"
 
 

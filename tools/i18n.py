@@ -7,6 +7,8 @@
     python tools/i18n.py export PAGE FILE   # a page's messages as plain text blocks, for translating
     python tools/i18n.py import PAGE FILE   # those blocks, translated, back into the page's catalogue
     python tools/i18n.py check       # fails if any English message of the book has no translation
+    python tools/i18n.py terms [--fix]   # the term table (locales/zh_CN/terms.tsv): list / rewrite rejected variants
+    python tools/i18n.py headers     # the English build's table headers -> locales/zh_CN/interface.po
 
 ``extract`` runs Sphinx's gettext builder over the book with the same configuration as the
 HTML build (the notebooks' outputs come from the jupyter-cache, so glued figures and their
@@ -531,9 +533,46 @@ def terms_check(fix: bool = False, locale_dir: Path | None = None, verbose: bool
     return left
 
 
+# ---------------------------------------------------------------- generated tables' headers (issue 39)
+INTERFACE_PO = ROOT / "locales" / LANGUAGE / "interface.po"
+
+
+def table_headers(html_dir: Path) -> dict[str, list[str]]:
+    """The column and row headers of the tables that code cells print (``klbook_lib.display.table``:
+    a ``<th>`` inside a cell's output) on the English pages of ``html_dir``: header -> pages."""
+    from bs4 import BeautifulSoup
+
+    out: dict[str, list[str]] = {}
+    for page in sorted(html_dir.rglob("*.html")):
+        rel = page.relative_to(html_dir).as_posix()
+        if rel.startswith(("zh/", "_")):
+            continue
+        soup = BeautifulSoup(page.read_text(encoding="utf-8"), "html.parser")
+        for th in soup.select(".cell_output th"):
+            text = th.get_text().strip()
+            if text and needs_translation(text) and not re.fullmatch(r"[\d\W_.eE+-]+", text):
+                out.setdefault(text, [])
+                if rel not in out[text]:
+                    out[text].append(rel)
+    return out
+
+
+def update_headers(html_dir: Path) -> int:
+    """Add each table header of the English build that ``interface.po`` lacks (empty, to
+    translate); returns how many headers have no translation."""
+    from babel.messages.catalog import Catalog
+
+    catalog = _read(INTERFACE_PO) if INTERFACE_PO.is_file() else Catalog(locale=LANGUAGE)
+    for header, pages in table_headers(html_dir).items():
+        if header not in catalog:
+            catalog.add(header, "", auto_comments=["table header: " + ", ".join(pages[:3])])
+    _write(catalog, INTERFACE_PO)
+    return sum(1 for m in catalog if m.id and not m.string)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", choices=["extract", "update", "status", "build", "export", "import", "check", "terms"])
+    parser.add_argument("command", choices=["extract", "update", "status", "build", "export", "import", "check", "terms", "headers"])
     parser.add_argument("page", nargs="?", help="export/import: the page, e.g. chapters/01_kl_definition")
     parser.add_argument("file", nargs="?", type=Path, help="export/import: the text file of blocks")
     parser.add_argument("--no-W", action="store_true", help="build: warnings are not errors")
@@ -542,6 +581,10 @@ def main(argv: list[str] | None = None) -> None:
                              "captions missing where the jupyter-cache has no run)")
     parser.add_argument("--fix", action="store_true", help="terms: rewrite the rejected variants (terms.tsv)")
     args = parser.parse_args(argv)
+    if args.command == "headers":
+        left = update_headers(ROOT / "_build" / "html")
+        print(f"{left} table header(s) in {INTERFACE_PO.relative_to(ROOT)} without a translation")
+        return
     if args.command == "terms":
         sys.exit(1 if terms_check(fix=args.fix) else 0)
     if args.command == "check":
