@@ -116,3 +116,24 @@ def test_chinese_prose_has_chinese_quotes():
                 if '"' in prose and re.search(r"[\u4e00-\u9fff]", prose):
                     left.append(f"{po.stem}: {m.string[:60]!r}")
     assert not left, left
+
+
+def test_pinyin_with_tone_marks():
+    assert i18n.pinyin_marks("cai2 jian3") == "cái jiǎn"
+    assert i18n.pinyin_marks("ce4 lüe4 ti1 du4") == "cè lüè tī dù"
+    assert i18n.pinyin_marks("xiu1 gou3 hui2") == "xiū gǒu huí"
+
+
+def test_the_glossary_carries_the_term_table_in_pinyin_order():
+    # glossary.md ends with the 中英术语对照表 that `tools/i18n.py terms --page` writes from terms.tsv
+    text = (REPO / "glossary.md").read_text(encoding="utf-8")
+    assert i18n.terms_page_markdown() in text, "run `tools/i18n.py terms --page`"
+    rows = i18n.terms_page_rows()
+    assert len(rows) == len(TERMS)
+    keys = [[s.rstrip("12345") for s in t.pinyin.lower().split()] for t in TERMS]
+    assert [r[0] for r in rows] == [t.chinese for _, t in sorted(zip(keys, TERMS), key=lambda kt: (kt[0], kt[1].pinyin))]
+    assert rows.index(("分", "fēn", "points (of a grade)")) < [r[0] for r in rows].index("分离梯度") < [r[0] for r in rows].index("峰")
+    # and the Chinese glossary translates its messages
+    catalog = {m.id: m.string for m in i18n._read(i18n.LOCALE_DIR / "glossary.po") if m.id}
+    assert catalog["中英术语对照表 (Chinese-English terms)"] == "中英术语对照表"
+    assert all(catalog.get(zh) == zh for zh, _, _ in rows)
