@@ -506,6 +506,9 @@ def _first_use_glosses(page_messages: list, terms: list[Term]) -> None:
 def terms_check(fix: bool = False, locale_dir: Path | None = None, verbose: bool = True) -> int:
     """List (and with ``fix`` rewrite) the catalogues' term problems. Returns the number left."""
     terms, fixes = read_terms(), read_term_fixes()
+    # a translated table header quoted in Chinese prose (“mean KL”一列) is quoted in Chinese too,
+    # so that the sentence names the column the reader sees
+    fixes = fixes + [("*", f"\u201c{en}\u201d", f"\u201c{zh}\u201d") for en, zh in header_translations().items()]
     left = 0
     locale_dir = locale_dir or LOCALE_DIR
     for po_path in sorted(locale_dir.rglob("*.po")):
@@ -555,6 +558,15 @@ def table_headers(html_dir: Path) -> dict[str, list[str]]:
                 if rel not in out[text]:
                     out[text].append(rel)
     return out
+
+
+def header_translations() -> dict[str, str]:
+    """English -> Chinese of the generated tables' headers (interface.po's messages marked
+    "table header")."""
+    if not INTERFACE_PO.is_file():
+        return {}
+    return {m.id: m.string for m in _read(INTERFACE_PO) if m.id and m.string and not m.fuzzy
+            and any(c.startswith("table header") for c in m.auto_comments)}
 
 
 def update_headers(html_dir: Path) -> int:
