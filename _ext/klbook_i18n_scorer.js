@@ -4,7 +4,8 @@
  * query's words: Sphinx's index only records *whether* a page has a word, so for a word of the
  * term table (KLBOOK_ZH_TF, written by the build into _static/klbook-zh-tf.js) each page also
  * gets 4 x log2(1 + uses), at most 16 per word: the chapter that defines and works with a term
- * ranks above one that mentions it once. */
+ * ranks above one that mentions it once; and 20 for the page that the term table names as
+ * defining the term when the query is that term (KLBOOK_ZH_DEFINED). */
 var Scorer = {
   score: (result) => {
     const [docname, title, anchor, descr, score, filename] = result;
@@ -12,7 +13,13 @@ var Scorer = {
     if (docname.startsWith("chapters/")) bonus = 30;
     else if (docname === "notation" || docname === "glossary") bonus = 20;
     else if (docname.startsWith("exercises/")) bonus = 0;
-    return score + bonus + Scorer.termFrequency(docname);
+    return score + bonus + Scorer.termFrequency(docname) + Scorer.defines(docname);
+  },
+  defines: (docname) => {
+    // the page the term table names as defining the query's term (terms.tsv, "defined")
+    if (typeof KLBOOK_ZH_DEFINED === "undefined") return 0;
+    const q = (new URLSearchParams(window.location.search).get("q") || "").replace(/\s+/g, "").toLowerCase();
+    return KLBOOK_ZH_DEFINED[q] === docname ? 20 : 0;
   },
   termFrequency: (docname) => {
     if (typeof KLBOOK_ZH_TF === "undefined" || typeof splitQuery === "undefined") return 0;

@@ -17,7 +17,9 @@ does not have. This extension replaces the ``zh`` search language with one that
 - ranks a page also by how often it uses the query's words (``_ext/klbook_i18n_scorer.js``, with
   the counts of each term-table word per page written to ``_static/klbook-zh-tf.js`` at the end
   of the build): Sphinx's index records only whether a page has a word, so without this every
-  chapter that mentions 信任域 once ties with the chapter about trust regions.
+  chapter that mentions 信任域 once ties with the chapter about trust regions; and the page that
+  the term table names as defining a term (its ``defined`` column, as the glossary's "See ..."
+  links do) gets 20 more when the whole query is that term.
 
 ``segment_like_the_browser(query, words)`` is the same algorithm in Python, for the tests.
 """
@@ -178,8 +180,22 @@ def _write_counts(app, exception) -> None:
     counts = term_counts(texts, words)
     static = Path(app.outdir) / "_static"
     static.mkdir(parents=True, exist_ok=True)
-    (static / TF_JS).write_text("var KLBOOK_ZH_TF = " + json.dumps(counts, ensure_ascii=False, sort_keys=True)
-                                + ";\n", encoding="utf-8")
+    (static / TF_JS).write_text(
+        "var KLBOOK_ZH_TF = " + json.dumps(counts, ensure_ascii=False, sort_keys=True) + ";\n"
+        + "var KLBOOK_ZH_DEFINED = " + json.dumps(defining_pages(), ensure_ascii=False, sort_keys=True) + ";\n",
+        encoding="utf-8")
+
+
+def defining_pages(terms_tsv: Path = TERMS_TSV) -> dict[str, str]:
+    """Chinese term (lower case, without spaces) -> the page that defines it (terms.tsv's
+    ``defined`` column, like the glossary's "See ..." links)."""
+    out = {}
+    for line in terms_tsv.read_text(encoding="utf-8").splitlines():
+        cols = line.split("\t")
+        if line.startswith("#") or len(cols) < 8 or cols[0] == "english" or not cols[7].strip():
+            continue
+        out[cols[1].replace(" ", "").lower()] = cols[7].strip()
+    return out
 
 
 def _single_terms(terms_tsv: Path = TERMS_TSV) -> list[str]:

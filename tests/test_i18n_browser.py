@@ -37,7 +37,7 @@ SEARCHES = {
     "熵": "chapters/15_exploration_anchors_optimum",       # entropy collapse, the entropy bonus
     "KL散度": "chapters/01_kl_definition",
     "奖励模型": "chapters/06_rlhf_reverse_kl",
-    "策略梯度": "chapters/07_token_level_kl",              # the gradient of the KL terms as policy gradients
+    "策略梯度": "chapters/03_trpo_ppo",                    # "Policy-gradient methods improve J(θ) ..."
     "重要性采样": "chapters/14_offpolicy_kl",
     "模式寻求": "chapters/02_forward_reverse",
     "变分推断": "chapters/08_vi_elbo_dpo",

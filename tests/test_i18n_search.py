@@ -55,3 +55,16 @@ def test_the_browser_splitter_is_the_same_algorithm():
 def test_term_counts_rank_by_use():
     counts = search.term_counts({"a": "信任域……信任域", "b": "信任域", "c": "无"}, ["信任域", "熵"])
     assert counts == {"信任域": {"a": 2, "b": 1}}
+
+
+def test_the_defining_pages_are_the_browser_tests_answers():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("klbook_i18n_browser_test", REPO / "tests" / "test_i18n_browser.py")
+    browser_test = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(browser_test)
+    defined = search.defining_pages()
+    for query, page in browser_test.SEARCHES.items():
+        assert (REPO / f"{page}.ipynb").exists()
+        key = query.lower()
+        if key in defined:
+            assert defined[key] == page, query

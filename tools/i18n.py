@@ -304,8 +304,8 @@ _FROZEN = re.compile(
 
 
 class Term:
-    def __init__(self, english, chinese, pinyin, en, rejected, paren, note):
-        self.english, self.chinese, self.pinyin, self.note = english, chinese, pinyin, note
+    def __init__(self, english, chinese, pinyin, en, rejected, paren, note, defined=""):
+        self.english, self.chinese, self.pinyin, self.note, self.defined = english, chinese, pinyin, note, defined
         self.en = re.compile(en, re.I) if en else None
         self.rejected = [v.strip() for v in rejected.split(",") if v.strip()]
         self.paren = paren
@@ -318,12 +318,12 @@ def read_terms(path: Path = TERMS_TSV) -> list[Term]:
     rows = [line.split("\t") for line in path.read_text(encoding="utf-8").splitlines()
             if line.strip() and not line.startswith("#")]
     header, rows = rows[0], rows[1:]
-    if header[:7] != ["english", "chinese", "pinyin", "en", "rejected", "paren", "note"]:
-        raise ValueError(f"{path}: the header must be english, chinese, pinyin, en, rejected, paren, note")
+    if header != ["english", "chinese", "pinyin", "en", "rejected", "paren", "note", "defined"]:
+        raise ValueError(f"{path}: the header must be english, chinese, pinyin, en, rejected, paren, note, defined")
     terms = []
     for n, row in enumerate(rows, 2):
-        if len(row) != 7 or not row[1]:
-            raise ValueError(f"{path}: row {n} must have 7 tab-separated columns and a Chinese term: {row!r}")
+        if len(row) != 8 or not row[1]:
+            raise ValueError(f"{path}: row {n} must have 8 tab-separated columns and a Chinese term: {row!r}")
         terms.append(Term(*row))
     return terms
 
@@ -423,6 +423,9 @@ def fix_message(page: str, msgid: str, msgstr: str, terms: list[Term],
         return msgstr
     english = _english_text(msgid)
     present = _concepts(terms, english)
+    for fix_page, old, new in fixes:        # a rewrite across math, code or a role: on the whole message
+        if fix_page in ("*", page) and re.search(r"[$`{}<>]", old) and old in msgstr:
+            msgstr = msgstr.replace(old, new)
     pieces = _prose(msgstr)
     out = []
     for editable, piece in pieces:
