@@ -166,9 +166,27 @@ def translate_html(body: str, strings: dict[str, str]) -> str:
             continue
         for form in {english, _html.escape(english, quote=False), english.replace("'", "’"),
                      _html.escape(english.replace("'", "’"), quote=False)}:
-            if form in body:
+            if form not in body:
+                continue
+            if len(english) >= 30:          # a long phrase is itself unique: wherever it stands
+                body = body.replace(form, chinese)
+            else:                           # a short one only as the whole text between two tags
                 body = re.sub(rf"(>[ \t\n]*){re.escape(form)}(?=[ \t\n]*<)", lambda m: m.group(1) + chinese, body)
     return body
+
+
+def _translate_written_pages(app, exception) -> None:
+    """Text that an extension writes into a finished page (the landing page's note on the PDF,
+    klbook_publish's build-finished step) is translated after it."""
+    if exception or not is_zh(app.config.language) or app.builder.format != "html":
+        return
+    strings = _interface()
+    page = Path(app.outdir) / f"{app.config.root_doc}.html"
+    if strings and page.is_file():
+        text = page.read_text(encoding="utf-8")
+        new = translate_html(text, strings)
+        if new != text:
+            page.write_text(new, encoding="utf-8")
 
 
 def _translate_buttons(context: dict, strings: dict[str, str]) -> None:
@@ -201,4 +219,5 @@ def setup(app):
     app.connect("doctree-read", _translate_captions, priority=400)   # before the toc collector (500)
     app.connect("html-page-context", _page_context, priority=400)
     app.connect("html-page-context", _interface_context, priority=900)
+    app.connect("build-finished", _translate_written_pages, priority=900)     # after klbook_publish's
     return {"parallel_read_safe": True, "parallel_write_safe": True}
