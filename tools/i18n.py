@@ -395,6 +395,14 @@ def term_problems(msgid: str, msgstr: str, terms: list[Term]) -> list[str]:
             if not hits:
                 continue
             owners = [t for t in present if t is not term and (t.chinese == variant or variant in t.chinese)]
+            longer = [o.chinese for o in owners if o.chinese != variant]
+            if longer:                  # 峰 inside 双峰 (bimodal) is that word, not a variant of 模式
+                masked_rest = rest
+                for word in longer:
+                    masked_rest = masked_rest.replace(word, "\1")
+                if variant not in masked_rest:
+                    continue
+                owners = [o for o in owners if o.chinese == variant]
             if owners and term.en is not None:
                 if term.chinese not in prose:
                     problems.append(f"{term.english}: uses {variant} ({'/'.join(o.english for o in owners)} "
@@ -423,8 +431,9 @@ def fix_message(page: str, msgid: str, msgstr: str, terms: list[Term],
         return msgstr
     english = _english_text(msgid)
     present = _concepts(terms, english)
-    for fix_page, old, new in fixes:        # a rewrite across math, code or a role: on the whole message
-        if fix_page in ("*", page) and re.search(r"[$`{}<>]", old) and old in msgstr:
+    for fix_page, old, new in fixes:        # a rewrite across math, code, a role or a gloss: on the whole message
+        if fix_page in ("*", page) and old in msgstr and not any(
+                editable and old in piece for editable, piece in _prose(msgstr)):
             msgstr = msgstr.replace(old, new)
     pieces = _prose(msgstr)
     out = []
@@ -441,9 +450,14 @@ def fix_message(page: str, msgid: str, msgstr: str, terms: list[Term],
                     if variant in term.chinese:
                         continue
                     owners = [t for t in present if t is not term and (t.chinese == variant or variant in t.chinese)]
-                    if owners and term.en is not None:
+                    if any(o.chinese == variant for o in owners) and term.en is not None:
                         continue            # both concepts named: only a contextual fix decides
+                    longer = sorted({o.chinese for o in owners}, key=len, reverse=True)
+                    for n, word in enumerate(longer):      # 双峰 keeps its 峰
+                        piece = piece.replace(word, f"\x00{n}\x00")
                     piece = _replace_variant(piece, variant, term.chinese)
+                    for n, word in enumerate(longer):
+                        piece = piece.replace(f"\x00{n}\x00", word)
             if piece != original:       # a replaced English word leaves no space between Chinese characters
                 piece = re.sub(rf"(?<=[{_CJK}])[ ]+(?=[{_CJK}])", "", piece)
         out.append(piece)
