@@ -56,7 +56,7 @@ KLBOOK_LATIN_OK = {
     "cartpole", "bandit", "prompt", "prompts", "et", "al", "pull", "request", "chi", "vs", "sb", "cpu",
     "done", "terminated", "truncated", "approx", "kl", "ref", "old", "inf", "nan", "k", "e", "i", "x", "y",
     # names of methods, libraries and operations the Chinese literature writes in Latin too
-    "best-of", "best-of-n", "top-k", "top-p", "top-", "f-", "f-dpo", "chipo", "bfloat", "autograd", "trainer",
+    "best-of", "best-of-", "best-of-n", "top-k", "top-p", "top-", "f-", "f-dpo", "chipo", "bfloat", "autograd", "trainer",
     "huggingface", "minibatch", "log-sum-exp", "log-softmax", "argmax", "sigmoid", "transformer", "dropout",
     "deep-sea", "tinker-cookbook", "issue", "detach", "nucleus", "sg",
 }
