@@ -69,7 +69,10 @@ def test_the_fixer_rewrites_by_concept_and_leaves_math_code_and_targets_alone():
     assert fixed == "{term}`裁剪替代目标 <clipped surrogate objective>`使用 $\\mathrm{clip}$ 与 `clip_ratio`。"
     assert i18n.check_translation(en, fixed) == []
     # an English word leaves no stray space between Chinese characters
-    assert fix("Three epochs per batch.", "每个批次三个 epoch 的更新。") == "每个批次三轮的更新。"
+    assert fix("It is a detached reward.", "它是一个 detach 的奖励。") == "它是一个分离梯度的奖励。"
+    # the measure word goes with the contextual rewrites of terms_fixes.tsv (三个 epoch -> 三轮)
+    fixes = i18n.read_term_fixes()
+    assert i18n.fix_message("p", "Three epochs per batch.", "每个批次三个 epoch 的更新。", TERMS, fixes) == "每个批次三轮的更新。"
 
 
 def test_a_variant_planted_in_a_copy_of_the_catalogues_fails_the_check(tmp_path, monkeypatch):

@@ -416,7 +416,7 @@ def _replace_variant(text: str, variant: str, chinese: str) -> str:
     if variant.isascii():                  # an English word left in Chinese prose: spaces go with it
         def sub(m):
             return chinese
-        text = re.sub(rf"(?:(?<=[{_CJK}，。；：、）])\s*)?(?:个\s*)?(?<![A-Za-z_]){re.escape(variant)}s?(?![A-Za-z_])"
+        text = re.sub(rf"(?:(?<=[{_CJK}，。；：、）])\s*)?(?<![A-Za-z_]){re.escape(variant)}s?(?![A-Za-z_])"
                       rf"(?:\s*(?=[{_CJK}，。；：、（]))?", sub, text)
         return text
     return text.replace(variant, chinese)
