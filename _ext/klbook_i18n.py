@@ -9,17 +9,27 @@ updates them; Sphinx compiles them at build time). This extension
   other edition (``<a hreflang>``, plus a ``<link rel="alternate" hreflang>`` in the head), and
 - on a Chinese page whose catalogue is not complete yet, says so above the text (the paragraphs
   without a translation are shown in English, as Sphinx does), so that a reader is never left
-  guessing; ``translation_status(page)`` gives the counts the note and the tests use.
+  guessing; ``translation_status(page)`` gives the counts the note and the tests use;
+- on the Chinese edition, puts the interface in Chinese (issue 39): the sidebar's part captions
+  (sphinx-external-toc inserts the toctrees after Sphinx translated the page, so they are
+  translated here from the root page's catalogue), the folds' toggles, the download menu, the
+  author line, the sentences that extensions write, and the column headers of the tables that
+  ``klbook_lib.display.table`` generates. The strings come from the catalogue
+  ``locales/zh_CN/interface.po`` (``interface_catalogue()``), so a missing translation stays
+  English rather than guessed.
 """
 from __future__ import annotations
 
 import html
 import os
+import re
 from pathlib import Path
 
 ZH_DIR = "zh"                 # the Chinese edition, relative to the English one's root
 ZH_LANGUAGE = "zh_CN"
-ZH_TITLE = "KL 散度与强化学习：一本可执行的教科书"
+ZH_TITLE = "强化学习中的 KL：一本可执行的教科书"       # the landing page's heading, word for word
+ZH_AUTHOR = "《强化学习中的 KL》编写组"
+INTERFACE_PO = Path(__file__).resolve().parents[1] / "locales" / ZH_LANGUAGE / "interface.po"
 
 
 def is_zh(language: str | None) -> bool:
@@ -80,10 +90,134 @@ def _page_context(app, pagename, templatename, context, doctree) -> None:
 def _config_inited(app, config) -> None:
     if is_zh(config.language):
         config.html_title = ZH_TITLE
+        config.author = ZH_AUTHOR
+        if "togglebutton_hint" in config:        # sphinx-togglebutton's hover hints
+            config.togglebutton_hint, config.togglebutton_hint_hide = "点击显示", "点击隐藏"
         config.html_search_language = "zh"
 
 
+# ---------------------------------------------------------------- the interface in Chinese
+_INTERFACE: dict[str, str] | None = None
+
+
+def interface_catalogue(path: str | Path = INTERFACE_PO) -> dict[str, str]:
+    """English -> Chinese for the interface and the generated tables' column headers (the
+    translated, non-fuzzy messages of ``interface.po``)."""
+    from babel.messages.pofile import read_po
+
+    path = Path(path)
+    if not path.is_file():
+        return {}
+    with path.open("rb") as f:
+        catalog = read_po(f)
+    return {m.id: m.string for m in catalog if m.id and m.string and not m.fuzzy}
+
+
+def _interface() -> dict[str, str]:
+    global _INTERFACE
+    if _INTERFACE is None:
+        _INTERFACE = interface_catalogue()
+    return _INTERFACE
+
+
+def _page_catalogue(srcdir, page: str) -> dict[str, str]:
+    from babel.messages.pofile import read_po
+
+    path = catalogue_path(srcdir, page)
+    if not path.is_file():
+        return {}
+    with path.open("rb") as f:
+        return {m.id: m.string for m in read_po(f) if m.id and m.string and not m.fuzzy}
+
+
+def _translate_captions(app, doctree) -> None:
+    """The toctree captions of a Chinese page (the sidebar's parts), from the page's catalogue."""
+    if not is_zh(app.config.language):
+        return
+    from sphinx import addnodes
+
+    toctrees = [n for n in doctree.findall(addnodes.toctree) if n.get("caption")]
+    if not toctrees:
+        return
+    strings = _page_catalogue(app.srcdir, app.env.docname)
+    for node in toctrees:
+        node["caption"] = strings.get(node["caption"], node["caption"])
+
+
+_TH = re.compile(r"(<th\b[^>]*>)([^<]*)(</th>)")
+
+
+def translate_html(body: str, strings: dict[str, str]) -> str:
+    """``body`` with the interface's English put in Chinese: a fold's toggle text, a sentence an
+    extension writes (each known string where it stands as a whole text between tags), and a
+    table's column header (a ``<th>`` whose whole text is a known header)."""
+    import html as _html
+
+    def text(m):
+        inner = _html.unescape(m.group(2))
+        key = inner.strip()
+        if key in strings:
+            return m.group(1) + _html.escape(inner.replace(key, strings[key]), quote=False) + m.group(3)
+        return m.group(0)
+
+    body = _TH.sub(text, body)
+    for english, chinese in sorted(strings.items(), key=lambda kv: -len(kv[0])):
+        if len(english) < 4:
+            continue
+        for form in {english, _html.escape(english, quote=False), english.replace("'", "’"),
+                     _html.escape(english.replace("'", "’"), quote=False)}:
+            if form not in body:
+                continue
+            if len(english) >= 30:          # a long phrase is itself unique: wherever it stands
+                body = body.replace(form, chinese)
+            else:                           # a short one only as the whole text between two tags
+                body = re.sub(rf"(>[ \t\n]*){re.escape(form)}(?=[ \t\n]*<)", lambda m: m.group(1) + chinese, body)
+    return body
+
+
+def _translate_written_pages(app, exception) -> None:
+    """Text that an extension writes into a finished page (the landing page's note on the PDF,
+    klbook_publish's build-finished step) is translated after it."""
+    if exception or not is_zh(app.config.language) or app.builder.format != "html":
+        return
+    strings = _interface()
+    page = Path(app.outdir) / f"{app.config.root_doc}.html"
+    if strings and page.is_file():
+        text = page.read_text(encoding="utf-8")
+        new = translate_html(text, strings)
+        if new != text:
+            page.write_text(new, encoding="utf-8")
+
+
+def _translate_buttons(context: dict, strings: dict[str, str]) -> None:
+    def walk(items):
+        for item in items or []:
+            if not isinstance(item, dict):
+                continue
+            for key in ("text", "tooltip"):
+                value = item.get(key)
+                if isinstance(value, str) and value in strings:
+                    item[key] = strings[value]
+            walk(item.get("buttons"))
+    walk(context.get("header_buttons"))
+
+
+def _interface_context(app, pagename, templatename, context, doctree) -> None:
+    if not is_zh(app.config.language) or app.builder.format != "html":
+        return
+    strings = _interface()
+    if not strings:
+        return
+    _translate_buttons(context, strings)
+    if context.get("body"):
+        context["body"] = translate_html(context["body"], strings)
+
+
 def setup(app):
+    app.setup_extension("klbook_i18n_search")     # the Chinese search (_ext/klbook_i18n_search.py)
     app.connect("config-inited", _config_inited)
+    app.connect("doctree-read", _translate_captions, priority=400)   # before the toc collector (500)
     app.connect("html-page-context", _page_context, priority=400)
+    app.connect("html-page-context", _interface_context, priority=900)
+    app.connect("build-finished", _translate_written_pages, priority=900)     # after klbook_publish's
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -7,6 +7,8 @@
     python tools/i18n.py export PAGE FILE   # a page's messages as plain text blocks, for translating
     python tools/i18n.py import PAGE FILE   # those blocks, translated, back into the page's catalogue
     python tools/i18n.py check       # fails if any English message of the book has no translation
+    python tools/i18n.py terms [--fix]   # the term table (locales/zh_CN/terms.tsv): list / rewrite rejected variants
+    python tools/i18n.py headers     # the English build's table headers -> locales/zh_CN/interface.po
 
 ``extract`` runs Sphinx's gettext builder over the book with the same configuration as the
 HTML build (the notebooks' outputs come from the jupyter-cache, so glued figures and their
@@ -288,16 +290,417 @@ def build(warningiserror: bool = True, overrides: dict | None = None, builder: s
     return out
 
 
+# ---------------------------------------------------------------- the term table (issue 39)
+# locales/zh_CN/terms.tsv: one Chinese term per English concept. A message whose English names
+# a concept must not use that concept's rejected variants; ``terms --fix`` rewrites them (the
+# contextual rewrites of locales/zh_CN/terms_fixes.tsv first), so that it can be run again after
+# merging branches that added translations.
+TERMS_TSV = ROOT / "locales" / LANGUAGE / "terms.tsv"
+TERMS_FIXES_TSV = ROOT / "locales" / LANGUAGE / "terms_fixes.tsv"
+_CJK = "\u3400-\u9fff\uf900-\ufaff"
+# what a term fix never touches: math, code, roles that point or glue (a titled role's title and
+# a {term}'s title are prose and may be fixed), URLs, and an English gloss in full-width parentheses
+_FROZEN = re.compile(
+    r"\$\$.*?\$\$|(?<!\\)\$[^$]*\$|``[^`]*``|\{term\}`(?=[^`]*<)|\{(?:doc|ref|prf:ref)\}`(?=[^`<]*<[^`]*>`)"
+    r"|\s*<[^<>`]*>`|\{[\w:-]+\}`[^`]*`|`[^`]*`|https?://\S+|（[A-Za-z][A-Za-z ,'/-]*）|</?[A-Za-z][^<>]*>", re.S)
+
+
+class Term:
+    def __init__(self, english, chinese, pinyin, en, rejected, paren, note, defined=""):
+        self.english, self.chinese, self.pinyin, self.note, self.defined = english, chinese, pinyin, note, defined
+        self.en = re.compile(en, re.I) if en else None
+        self.rejected = [v.strip() for v in rejected.split(",") if v.strip()]
+        self.paren = paren
+
+    def __repr__(self):
+        return f"Term({self.english!r}, {self.chinese!r})"
+
+
+def read_terms(path: Path = TERMS_TSV) -> list[Term]:
+    rows = [line.split("\t") for line in path.read_text(encoding="utf-8").splitlines()
+            if line.strip() and not line.startswith("#")]
+    header, rows = rows[0], rows[1:]
+    if header != ["english", "chinese", "pinyin", "en", "rejected", "paren", "note", "defined"]:
+        raise ValueError(f"{path}: the header must be english, chinese, pinyin, en, rejected, paren, note, defined")
+    terms = []
+    for n, row in enumerate(rows, 2):
+        if len(row) != 8 or not row[1]:
+            raise ValueError(f"{path}: row {n} must have 8 tab-separated columns and a Chinese term: {row!r}")
+        terms.append(Term(*row))
+    return terms
+
+
+def read_term_fixes(path: Path = TERMS_FIXES_TSV) -> list[tuple[str, str, str]]:
+    """(page or *, old, new): contextual rewrites, applied before the term-by-term ones."""
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip() and not line.startswith("#"):
+            page, old, new = line.split("\t")[:3]
+            out.append((page, old, new))
+    return out
+
+
+def _english_text(msgid: str) -> str:
+    """The English words of a message a reader sees: no math, code or glued values (a {term}'s
+    text and a reference's title stay)."""
+    text = re.sub(r"\{term\}`([^`<]*)(?:<[^>`]*>)?`", r"\1", msgid)
+    text = re.sub(r"\{(?:doc|ref|prf:ref)\}`([^`<]*)<[^>`]*>`", r"\1", text)
+    for pattern in _NO_TEXT:
+        text = pattern.sub(" ", text)
+    return text
+
+
+def _prose(msgstr: str) -> list[tuple[bool, str]]:
+    """The message cut into (editable, piece): prose is editable, _FROZEN pieces are not."""
+    out, at = [], 0
+    for m in _FROZEN.finditer(msgstr):
+        if m.start() > at:
+            out.append((True, msgstr[at:m.start()]))
+        out.append((False, m.group(0)))
+        at = m.end()
+    if at < len(msgstr):
+        out.append((True, msgstr[at:]))
+    return out
+
+
+def _prose_text(msgstr: str) -> str:
+    return " ¶ ".join(piece for editable, piece in _prose(msgstr) if editable)
+
+
+def _concepts(terms: list[Term], english: str) -> list[Term]:
+    return [t for t in terms if t.en and t.en.search(english)]
+
+
+def term_problems(msgid: str, msgstr: str, terms: list[Term]) -> list[str]:
+    """The rejected variants a translation uses. A variant is wrong where the message's English
+    names the concept that rejects it and no concept whose term it is (截断 is the term for
+    truncation, a rejected variant for clip): there it is right. Where both are named, the
+    message must also contain the rejecting concept's own term. A term without an English
+    pattern rejects its variants everywhere."""
+    if not msgstr or msgstr == msgid:
+        return []
+    english, prose = _english_text(msgid), _prose_text(msgstr)
+    present = _concepts(terms, english)
+    problems = []
+    for term in terms:
+        if term.en is not None and term not in present:
+            continue
+        masked = not any(term.chinese in v for v in term.rejected)
+        rest = prose.replace(term.chinese, "\0") if masked else prose
+        for variant in term.rejected:
+            if variant in term.chinese and variant != term.chinese:
+                continue
+            hits = rest.count(variant) if not variant.isascii() else len(
+                re.findall(rf"(?<![A-Za-z_]){re.escape(variant)}s?(?![A-Za-z_])", rest))
+            if not hits:
+                continue
+            owners = [t for t in present if t is not term and (t.chinese == variant or variant in t.chinese)]
+            longer = [o.chinese for o in owners if o.chinese != variant]
+            if longer:                  # 峰 inside 双峰 (bimodal) is that word, not a variant of 模式
+                masked_rest = rest
+                for word in longer:
+                    masked_rest = masked_rest.replace(word, "\1")
+                if variant not in masked_rest:
+                    continue
+                owners = [o for o in owners if o.chinese == variant]
+            if owners and term.en is not None:
+                if term.chinese not in prose:
+                    problems.append(f"{term.english}: uses {variant} ({'/'.join(o.english for o in owners)} "
+                                    f"also named) but not {term.chinese}")
+            else:
+                problems.append(f"{term.english}: {variant} (write {term.chinese})")
+    return problems
+
+
+def _replace_variant(text: str, variant: str, chinese: str) -> str:
+    if variant.isascii():                  # an English word left in Chinese prose: spaces go with it
+        def sub(m):
+            return chinese
+        text = re.sub(rf"(?:(?<=[{_CJK}，。；：、）])\s*)?(?<![A-Za-z_]){re.escape(variant)}s?(?![A-Za-z_])"
+                      rf"(?:\s*(?=[{_CJK}，。；：、（]))?", sub, text)
+        return text
+    return text.replace(variant, chinese)
+
+
+def fix_message(page: str, msgid: str, msgstr: str, terms: list[Term],
+                fixes: list[tuple[str, str, str]]) -> str:
+    """The translation with its term problems rewritten where the rewrite is certain: the
+    contextual fixes of the page, then each rejected variant of a concept that the English names
+    alone (no other concept claims the variant). Math, code and references are never touched."""
+    if not msgstr or msgstr == msgid:
+        return msgstr
+    english = _english_text(msgid)
+    present = _concepts(terms, english)
+    for fix_page, old, new in fixes:        # a rewrite across math, code, a role or a gloss: on the whole message
+        if fix_page in ("*", page) and old in msgstr and not any(
+                editable and old in piece for editable, piece in _prose(msgstr)):
+            msgstr = msgstr.replace(old, new)
+    pieces = _prose(msgstr)
+    out = []
+    for editable, piece in pieces:
+        original = piece
+        if editable:
+            for fix_page, old, new in fixes:
+                if fix_page in ("*", page):
+                    piece = piece.replace(old, new)
+            for term in terms:
+                if term.en is not None and term not in present:
+                    continue
+                for variant in sorted(term.rejected, key=len, reverse=True):     # 来源笔记 before 源笔记
+                    if variant in term.chinese:
+                        continue
+                    owners = [t for t in present if t is not term and (t.chinese == variant or variant in t.chinese)]
+                    if any(o.chinese == variant for o in owners) and term.en is not None:
+                        continue            # both concepts named: only a contextual fix decides
+                    longer = sorted({o.chinese for o in owners}, key=len, reverse=True)
+                    for n, word in enumerate(longer):      # 双峰 keeps its 峰
+                        piece = piece.replace(word, f"\x00{n}\x00")
+                    piece = _replace_variant(piece, variant, term.chinese)
+                    for n, word in enumerate(longer):
+                        piece = piece.replace(f"\x00{n}\x00", word)
+            if piece != original:       # a replaced English word leaves no space between Chinese characters
+                piece = re.sub(rf"(?<=[{_CJK}])[ ]+(?=[{_CJK}])", "", piece)
+        out.append(piece)
+    return _chinese_quotes(out, [editable for editable, _ in pieces])
+
+
+def _chinese_quotes(pieces: list[str], editable: list[bool]) -> str:
+    """ASCII double quotes in the prose of a Chinese message become “ ” (in pairs, across math
+    and code between them; quotes inside math, code or HTML stay)."""
+    text = "".join(pieces)
+    if not re.search(f"[{_CJK}]", text):
+        return text
+    count = sum(p.count('"') for p, e in zip(pieces, editable) if e)
+    if not count or count % 2:
+        return text
+    opening, out = True, []
+    for piece, e in zip(pieces, editable):
+        if e and '"' in piece:
+            chars = []
+            for ch in piece:
+                if ch == '"':
+                    ch, opening = ("\u201c" if opening else "\u201d"), not opening
+                chars.append(ch)
+            piece = "".join(chars)
+        out.append(piece)
+    return "".join(out)
+
+
+def _first_use_glosses(page_messages: list, terms: list[Term]) -> None:
+    """The English term in parentheses after a term's first use on a page (a sentence, not a
+    title: the message must end like a sentence); nothing when the page glosses it already."""
+    for term in terms:
+        if not term.paren or term.en is None:
+            continue
+        gloss = f"{term.chinese}（{term.paren}）"
+        for message in page_messages:
+            if not (message.string and message.string != message.id):
+                continue
+            if gloss in message.string or re.search(rf"（{re.escape(term.paren)}[^）]*）", message.string):
+                break
+            if not term.en.search(_english_text(message.id)) or term.chinese not in _prose_text(message.string):
+                continue
+            if not re.search(r"[。；：？！]\s*$|[.?!:]\s*$", message.string.strip()):
+                continue
+            pieces, done = _prose(message.string), False
+            for i, (editable, piece) in enumerate(pieces):
+                if i + 1 < len(pieces) and pieces[i + 1][1].lstrip().startswith("<"):
+                    continue        # a {term}'s or a reference's title: the glossary glosses it
+                if editable and not done:
+                    # not inside a compound (裁剪替代目标, 模式寻求): the term ends a word here
+                    m = re.search(rf"{re.escape(term.chinese)}(?=$|[^{_CJK}（(]|[的到和与或时后是在把被会也都就])", piece)
+                    glossed = i + 1 < len(pieces) and pieces[i + 1][1].lstrip()[:1] in ("（", "(")
+                    if m and m.end() == len(piece) and glossed:
+                        m = None            # an English gloss follows already: 非对称裁剪（Clip-Higher）
+                    if m:
+                        pieces[i] = (True, piece[:m.end()] + f"（{term.paren}）" + piece[m.end():])
+                        done = True
+            if done:
+                message.string = "".join(p for _, p in pieces)
+                break
+
+
+def terms_check(fix: bool = False, locale_dir: Path | None = None, verbose: bool = True) -> int:
+    """List (and with ``fix`` rewrite) the catalogues' term problems. Returns the number left."""
+    terms, fixes = read_terms(), read_term_fixes()
+    # a translated table header quoted in Chinese prose (“mean KL”一列) is quoted in Chinese too,
+    # so that the sentence names the column the reader sees
+    fixes = fixes + [("*", f"\u201c{en}\u201d", f"\u201c{zh}\u201d") for en, zh in header_translations().items()]
+    left = 0
+    locale_dir = locale_dir or LOCALE_DIR
+    for po_path in sorted(locale_dir.rglob("*.po")):
+        page = str(po_path.relative_to(locale_dir).with_suffix(""))
+        catalog = _read(po_path)
+        messages = [m for m in catalog if m.id]
+        changed = False
+        if fix:
+            for message in messages:
+                new = fix_message(page, message.id, message.string, terms, fixes)
+                if new != message.string and not check_translation(message.id, new):
+                    message.string, changed = new, True
+            before = [m.string for m in messages]
+            _first_use_glosses(messages, terms)
+            changed = changed or before != [m.string for m in messages]
+            if changed:
+                _write(catalog, po_path)
+        for message in messages:
+            for problem in term_problems(message.id, message.string, terms):
+                left += 1
+                if verbose:
+                    print(f"{page}: {problem}: {message.string[:90]!r}")
+    if verbose:
+        print(f"{left} term problem(s)")
+    return left
+
+
+# ---------------------------------------------------------------- generated tables' headers (issue 39)
+INTERFACE_PO = ROOT / "locales" / LANGUAGE / "interface.po"
+
+
+def table_headers(html_dir: Path) -> dict[str, list[str]]:
+    """The column and row headers of the tables that code cells print (``klbook_lib.display.table``:
+    a ``<th>`` inside a cell's output) on the English pages of ``html_dir``: header -> pages."""
+    from bs4 import BeautifulSoup
+
+    out: dict[str, list[str]] = {}
+    for page in sorted(html_dir.rglob("*.html")):
+        rel = page.relative_to(html_dir).as_posix()
+        if rel.startswith(("zh/", "_")):
+            continue
+        soup = BeautifulSoup(page.read_text(encoding="utf-8"), "html.parser")
+        for th in soup.select(".cell_output th"):
+            text = th.get_text().strip()
+            if text and needs_translation(text) and not re.fullmatch(r"[\d\W_.eE+-]+", text):
+                out.setdefault(text, [])
+                if rel not in out[text]:
+                    out[text].append(rel)
+    return out
+
+
+def header_translations() -> dict[str, str]:
+    """English -> Chinese of the generated tables' headers (interface.po's messages marked
+    "table header")."""
+    if not INTERFACE_PO.is_file():
+        return {}
+    return {m.id: m.string for m in _read(INTERFACE_PO) if m.id and m.string and not m.fuzzy
+            and any(c.startswith("table header") for c in m.auto_comments)}
+
+
+def update_headers(html_dir: Path) -> int:
+    """Add each table header of the English build that ``interface.po`` lacks (empty, to
+    translate); returns how many headers have no translation."""
+    from babel.messages.catalog import Catalog
+
+    catalog = _read(INTERFACE_PO) if INTERFACE_PO.is_file() else Catalog(locale=LANGUAGE)
+    for header, pages in table_headers(html_dir).items():
+        if header not in catalog:
+            catalog.add(header, "", auto_comments=["table header: " + ", ".join(pages[:3])])
+    _write(catalog, INTERFACE_PO)
+    return sum(1 for m in catalog if m.id and not m.string)
+
+
+# ---------------------------------------------------------------- the 中英术语对照表 (issue 39)
+GLOSSARY_MD = ROOT / "glossary.md"
+TERMS_BEGIN = "<!-- the term table: generated by `tools/i18n.py terms --page` from locales/zh_CN/terms.tsv -->"
+TERMS_END = "<!-- end of the term table -->"
+_TONES = {"a": "āáǎà", "e": "ēéěè", "i": "īíǐì", "o": "ōóǒò", "u": "ūúǔù", "ü": "ǖǘǚǜ"}
+
+
+def pinyin_marks(numbered: str) -> str:
+    """``cai2 jian3`` -> ``cái jiǎn`` (the tone on a, e or the o of ou, else the last vowel)."""
+    out = []
+    for syllable in numbered.replace("v", "ü").split():
+        m = re.fullmatch(r"([a-zü]+)([1-5])", syllable)
+        if not m:
+            out.append(syllable)
+            continue
+        letters, tone = m.group(1), int(m.group(2))
+        if tone == 5:
+            out.append(letters)
+            continue
+        at = next((letters.index(v) for v in "ae" if v in letters), None)
+        if at is None:
+            at = letters.index("o") if "ou" in letters else max(i for i, c in enumerate(letters) if c in _TONES)
+        out.append(letters[:at] + _TONES[letters[at]][tone - 1] + letters[at + 1:])
+    return " ".join(out).strip()
+
+
+def terms_page_rows(terms: list[Term] | None = None) -> list[tuple[str, str, str]]:
+    """(Chinese, pinyin, English) for every term, ordered by pinyin (tone numbers break ties)."""
+    terms = terms or read_terms()
+    # syllable by syllable, as a dictionary orders them (分 fen, 分离 fen li, 峰 feng), tones breaking ties
+    rows = sorted(terms, key=lambda t: ([re.sub(r"\d", "", s) for s in t.pinyin.lower().split()], t.pinyin))
+    return [(t.chinese, pinyin_marks(t.pinyin), t.english) for t in rows]
+
+
+def terms_page_markdown() -> str:
+    lines = [TERMS_BEGIN, "", "(terms-zh)=", "## 中英术语对照表 (Chinese-English terms)", "",
+             "The Chinese edition uses one Chinese term per concept; this table (ordered by pinyin) is "
+             "the one `tests/test_i18n_terms.py` enforces on every translation.", "",
+             "| 中文 | Pinyin | English |", "|---|---|---|"]
+    lines += [f"| {zh} | {py} | {en} |" for zh, py, en in terms_page_rows()]
+    return "\n".join(lines + ["", TERMS_END]) + "\n"
+
+
+TERMS_PAGE_ZH = {
+    "中英术语对照表 (Chinese-English terms)": "中英术语对照表",
+    "The Chinese edition uses one Chinese term per concept; this table (ordered by pinyin) is the one "
+    "`tests/test_i18n_terms.py` enforces on every translation.":
+        "中文版每个概念只用一个中文术语；下表按拼音排序，`tests/test_i18n_terms.py` 用它检查每一条译文。",
+    "中文": "中文", "Pinyin": "拼音", "English": "英文",
+}
+
+
+def write_terms_page() -> None:
+    """Put the table at the end of glossary.md (replacing the previous one) and its messages,
+    translated, into the glossary's catalogue (the cells are kept as they are)."""
+    text = GLOSSARY_MD.read_text(encoding="utf-8")
+    if TERMS_BEGIN in text:
+        head, rest = text.split(TERMS_BEGIN, 1)
+        text = head + terms_page_markdown() + rest.split(TERMS_END, 1)[1].lstrip("\n")
+    else:
+        text = text.rstrip("\n") + "\n\n" + terms_page_markdown()
+    GLOSSARY_MD.write_text(text, encoding="utf-8")
+    po = LOCALE_DIR / "glossary.po"
+    catalog = _read(po)
+    wanted = dict(TERMS_PAGE_ZH)
+    for zh, py, en in terms_page_rows():
+        wanted.update({zh: zh, py: py, en: en})
+    for msgid, msgstr in wanted.items():
+        if not needs_translation(msgid):
+            continue
+        message = catalog.get(msgid)
+        if message is None:
+            catalog.add(msgid, msgstr, locations=[("../../glossary.md", 0)])
+        elif not message.string or message.fuzzy:
+            message.string, message.flags = msgstr, set()
+    _write(catalog, po)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", choices=["extract", "update", "status", "build", "export", "import", "check"])
+    parser.add_argument("command", choices=["extract", "update", "status", "build", "export", "import", "check", "terms", "headers"])
     parser.add_argument("page", nargs="?", help="export/import: the page, e.g. chapters/01_kl_definition")
     parser.add_argument("file", nargs="?", type=Path, help="export/import: the text file of blocks")
     parser.add_argument("--no-W", action="store_true", help="build: warnings are not errors")
     parser.add_argument("--no-execute", action="store_true",
                         help="extract: read the notebooks without executing any (glued figures' "
                              "captions missing where the jupyter-cache has no run)")
+    parser.add_argument("--fix", action="store_true", help="terms: rewrite the rejected variants (terms.tsv)")
+    parser.add_argument("--page", action="store_true",
+                        help="terms: write the 中英术语对照表 at the end of glossary.md (and its messages)")
     args = parser.parse_args(argv)
+    if args.command == "headers":
+        left = update_headers(ROOT / "_build" / "html")
+        print(f"{left} table header(s) in {INTERFACE_PO.relative_to(ROOT)} without a translation")
+        return
+    if args.command == "terms" and args.page:
+        write_terms_page()
+        print(f"the term table -> {GLOSSARY_MD.relative_to(ROOT)}")
+    if args.command == "terms":
+        sys.exit(1 if terms_check(fix=args.fix) else 0)
     if args.command == "check":
         sys.exit(1 if check() else 0)
     if args.command == "extract":
