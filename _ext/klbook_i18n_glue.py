@@ -9,6 +9,10 @@ parser made last (reading is sequential within a process), files it under the pa
 a transform that runs just before ``Locale``, and lets a glue lookup that fails in a
 ``<translated>`` document fall back on that page's data: the translated sentence shows the very
 number the English one shows. A key the page does not glue still fails as before.
+Where the page also glued ``KEY__<language>`` (``klbook_lib.claims`` glues each claim's verdict
+sentence in English under ``KEY`` and in Chinese under ``KEY__zh_CN``), the translated sentence
+gets that variant: the catalogue keeps the role ``{glue:text}`KEY``` exactly, and the Chinese
+edition says the verdict in Chinese (issue 35).
 Checked against myst-nb 1.4.0 and Sphinx 7.4.7 (``sphinx/transforms/i18n.py`` ``publish_msgstr``,
 ``myst_nb/sphinx_.py`` ``Parser.parse``, ``myst_nb/ext/glue/utils.py`` ``retrieve_glue_data``).
 """
@@ -52,6 +56,9 @@ def retrieve_glue_data(document: nodes.document, key: str) -> VariableOutput:
         if page is None:
             raise
         data = page.renderer.nb_client.glue_data
+        language = getattr(getattr(env, "config", None), "language", None) or ""
+        if f"{key}__{language}" in data:
+            key = f"{key}__{language}"
         if key not in data:
             raise
         return VariableOutput(data=data[key]["data"], metadata=data[key].get("metadata", {}),
