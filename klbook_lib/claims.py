@@ -254,7 +254,9 @@ class Result:
 
     def glue(self, key: str | None = None) -> "Result":
         """Glue the sentence under ``key`` (default: the claim's id with '-' as '_'), its Chinese
-        under ``key + '__zh_CN'``, and ``key_value``, ``key_low``, ``key_high``, ``key_n``."""
+        under ``key + '__zh_CN'``, and ``key_value``, ``key_low``, ``key_high``, ``key_n`` and
+        ``key_verdict`` (a word of :data:`VERDICT_WORDS`, also ``key_verdict__zh_CN``) for a
+        Finding box's table."""
         from myst_nb import glue
         key = key or self.claim.id.replace("-", "_")
         glue(key, self.sentence("en"), display=False)
@@ -263,6 +265,8 @@ class Result:
         glue(f"{key}_low", float(self.estimate.low), display=False)
         glue(f"{key}_high", float(self.estimate.high), display=False)
         glue(f"{key}_n", len(self.claim.test_seeds), display=False)
+        glue(f"{key}_verdict", VERDICT_WORDS["en"][self.outcome], display=False)
+        glue(f"{key}_verdict" + ZH_SUFFIX, VERDICT_WORDS["zh_CN"][self.outcome], display=False)
         return self
 
 

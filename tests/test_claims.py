@@ -107,6 +107,7 @@ def test_glue_writes_both_languages(monkeypatch):
     r.glue()
     assert got["c99_x"] == r.sentence() and got["c99_x__zh_CN"] == r.sentence("zh_CN")
     assert got["c99_x_value"] == pytest.approx(5.0) and got["c99_x_n"] == 10
+    assert got["c99_x_verdict"] == "supported" and got["c99_x_verdict__zh_CN"] == "成立"
 
 
 def test_require():
