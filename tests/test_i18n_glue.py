@@ -49,7 +49,8 @@ def executed_notebook() -> nbformat.NotebookNode:
                 nbformat.v4.new_markdown_cell("Again: {glue:}`klv`."),
                 nbformat.v4.new_code_cell("glue('verd', 'the arm is better', display=False)\n"
                                           "glue('verd__zh_CN', '该组更好', display=False)"),
-                nbformat.v4.new_markdown_cell("Verdict: {glue:text}`verd`.")]
+                nbformat.v4.new_markdown_cell("Verdict: {glue:text}`verd`."),
+                nbformat.v4.new_markdown_cell("{glue:text}`verd`")]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     NotebookClient(nb, timeout=120, kernel_name="python3").execute()
     return nb
@@ -109,6 +110,9 @@ def test_a_verdict_glued_in_both_languages_is_said_in_each(books):
     en, zh = visible(books[True]["en"][0]), visible(books[True]["zh_CN"][0])
     assert "Verdict: the arm is better." in en, en         # (the code cell shows both strings)
     assert "结论：该组更好。" in zh and "结论：the arm" not in zh, zh
+    # a paragraph that is only the role needs no translation (msgstr = msgid): still Chinese
+    assert visible(books[True]["zh_CN"][0]).count("该组更好") == 3, zh     # code cell, 2 paragraphs
+    assert visible(books[True]["en"][0]).count("the arm is better") == 3, en
 
 
 def test_without_the_extension_the_number_is_lost(books):
