@@ -9,6 +9,12 @@ parser made last (reading is sequential within a process), files it under the pa
 a transform that runs just before ``Locale``, and lets a glue lookup that fails in a
 ``<translated>`` document fall back on that page's data: the translated sentence shows the very
 number the English one shows. A key the page does not glue still fails as before.
+Where the page also glued ``KEY__<language>`` (``klbook_lib.claims`` glues each claim's verdict
+sentence in English under ``KEY`` and in Chinese under ``KEY__zh_CN``), a build in that language
+shows that variant wherever the page writes ``{glue:text}`KEY``` (in a translated sentence, and
+in text that needs no translation: a paragraph that is only the role, a table cell inside a
+directive): the catalogue keeps the role exactly, and the Chinese edition says the verdict in
+Chinese (issue 35). The English build never looks for a variant.
 Checked against myst-nb 1.4.0 and Sphinx 7.4.7 (``sphinx/transforms/i18n.py`` ``publish_msgstr``,
 ``myst_nb/sphinx_.py`` ``Parser.parse``, ``myst_nb/ext/glue/utils.py`` ``retrieve_glue_data``).
 """
@@ -42,7 +48,23 @@ class KeepGlueData(Transform):
             _PAGES[env.docname] = _LAST.pop()
 
 
+def _language(document: nodes.document) -> str:
+    env = getattr(document.settings, "env", None)
+    language = getattr(getattr(env, "config", None), "language", None) or ""
+    return "" if language in ("", "en") else language
+
+
 def retrieve_glue_data(document: nodes.document, key: str) -> VariableOutput:
+    language = _language(document)
+    if language:
+        try:
+            return _retrieve(document, f"{key}__{language}")
+        except RetrievalError:
+            pass
+    return _retrieve(document, key)
+
+
+def _retrieve(document: nodes.document, key: str) -> VariableOutput:
     try:
         return _original(document, key)
     except RetrievalError:

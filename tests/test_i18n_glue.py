@@ -32,6 +32,9 @@ msgstr "这里的 KL 是 {glue:text}`klv:.3f` 奈特，与代码算出的一致�
 
 msgid "Again: {glue:}`klv`."
 msgstr "再说一遍：{glue:}`klv`。"
+
+msgid "Verdict: {glue:text}`verd`."
+msgstr "结论：{glue:text}`verd`。"
 '''
 
 
@@ -43,7 +46,11 @@ def executed_notebook() -> nbformat.NotebookNode:
     nb.cells = [nbformat.v4.new_markdown_cell("# A page\n\nThe KL here is {glue:text}`klv:.3f` nats, "
                                               "as the code computed."),
                 nbformat.v4.new_code_cell(f"from myst_nb import glue\nglue('klv', {VALUE}, display=False)"),
-                nbformat.v4.new_markdown_cell("Again: {glue:}`klv`.")]
+                nbformat.v4.new_markdown_cell("Again: {glue:}`klv`."),
+                nbformat.v4.new_code_cell("glue('verd', 'the arm is better', display=False)\n"
+                                          "glue('verd__zh_CN', '该组更好', display=False)"),
+                nbformat.v4.new_markdown_cell("Verdict: {glue:text}`verd`."),
+                nbformat.v4.new_markdown_cell("{glue:text}`verd`")]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     NotebookClient(nb, timeout=120, kernel_name="python3").execute()
     return nb
@@ -96,6 +103,16 @@ def test_the_translated_sentences_keep_their_glued_numbers(books):
     assert "这里的 KL 是 0.123 奈特" in text, text
     assert f"再说一遍：{VALUE}" in text, text
     assert "No key" not in warnings, warnings
+
+
+def test_a_verdict_glued_in_both_languages_is_said_in_each(books):
+    """klbook_lib.claims glues KEY (English) and KEY__zh_CN: each edition shows its own."""
+    en, zh = visible(books[True]["en"][0]), visible(books[True]["zh_CN"][0])
+    assert "Verdict: the arm is better." in en, en         # (the code cell shows both strings)
+    assert "结论：该组更好。" in zh and "结论：the arm" not in zh, zh
+    # a paragraph that is only the role needs no translation (msgstr = msgid): still Chinese
+    assert visible(books[True]["zh_CN"][0]).count("该组更好") == 3, zh     # code cell, 2 paragraphs
+    assert visible(books[True]["en"][0]).count("the arm is better") == 3, en
 
 
 def test_without_the_extension_the_number_is_lost(books):
