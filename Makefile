@@ -68,7 +68,7 @@ OFFLINE := bash tools/offline.sh
 PYTEST_TMP := $(or $(TMPDIR),/tmp)/klbook-pytest-$(shell printf '%s' '$(CURDIR)' | cksum | cut -d' ' -f1)
 
 test-lib: setup
-	$(PY) -c "from klbook_lib.grading.sandbox import remove_tree; remove_tree('$(PYTEST_TMP)')"
+	$(PY) -c "from klbook_grader.sandbox import remove_tree; remove_tree('$(PYTEST_TMP)')"
 	$(OFFLINE) $(PY) -m pytest tests -q -n $(JOBS) -m "not browser" --basetemp=$(PYTEST_TMP)
 
 test-notebooks: setup

@@ -30,7 +30,7 @@ from typing import Any
 
 from klbook_grader import cgroups, compare, protocol, sandbox, syscalls
 from klbook_grader.protocol import clean
-from klbook_grader.sandbox import PACKAGE_DIR, REPO_DIR, Limits  # noqa: F401 - re-exported
+from klbook_grader.sandbox import GRADING_DIR, PACKAGE_DIR, REPO_DIR, Limits  # noqa: F401 - re-exported
 
 DEFAULT_TIMEOUT = 60.0      # seconds for the whole notebook (all runs together)
 DEFAULT_CELL_TIMEOUT = 20.0
@@ -72,7 +72,7 @@ def blocked_roots() -> list[str]:
     """Paths the audit hook of the *unsafe* mode refuses to open (best effort only)."""
     env_dirs = [Path(p).resolve() for p in (sys.prefix, *site.getsitepackages())]
     if any(PACKAGE_DIR.is_relative_to(e) for e in env_dirs):
-        return [str(PACKAGE_DIR)]
+        return [str(PACKAGE_DIR), str(GRADING_DIR)]
     roots = []
     for entry in REPO_DIR.iterdir():
         entry = entry.resolve()

@@ -30,19 +30,19 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 
-BOOK_DIRS = ("chapters", "exercises", "klbook_lib", "tests", "tools", "_ext", "_static", ".ci", "locales")
+BOOK_DIRS = ("chapters", "exercises", "klbook_lib", "klbook_grader", "tests", "tools", "_ext", "_static", ".ci", "locales")
 TOP_FILES = ("*.md", "*.yml", "*.yaml", "*.toml", "*.txt", "*.bib", "*.cfg", "*.ini", "Makefile",
              "conftest.py", ".gitignore", "LICENSE*", "COPYING*", "CITATION*")
 SECRET_DIRS = {"exercises/masters": "reference solutions (the masters)",
                "klbook_grader/hidden": "the grader's hidden tests and reference solutions"}
-INSTRUCTOR_TESTS = {"tests/test_grading.py": "tests of the grader against the hidden tests",
-                    "tests/test_exercises.py": "runs the masters",
-                    "tests/test_sandbox.py": "attacks the sandbox with the masters",
-                    "tests/test_instructor.py": "tests of class grading and of this release",
-                    "tests/test_exercise_traps.py": "grades wrong variants of the reference solutions",
-                    "tests/grading_helpers.py": "helpers of the grader's tests above"}
+INSTRUCTOR_TESTS = {"tests/grader/test_grading.py": "tests of the grader against the hidden tests",
+                    "tests/grader/test_exercises.py": "runs the masters",
+                    "tests/grader/test_sandbox.py": "attacks the sandbox with the masters",
+                    "tests/grader/test_instructor.py": "tests of class grading and of this release",
+                    "tests/grader/test_exercise_traps.py": "grades wrong variants of the reference solutions",
+                    "tests/grader/grading_helpers.py": "helpers of the grader's tests above"}
 JUNK = {"__pycache__", ".ipynb_checkpoints", ".pytest_cache", ".hypothesis", ".mypy_cache",
         ".ruff_cache", ".DS_Store", ".git", ".venv", "_build", ".whl", ".gl"}
 JUNK_SUFFIXES = (".pyc", ".pyo", ".egg-info")
@@ -204,8 +204,8 @@ def _public_texts(student_files: dict) -> list[str]:
     """The book's public material: chapters, the library outside the grader, the student
     notebooks and public checks. A solution line or a number found here is not a secret."""
     texts = [_text(p) or "" for p in sorted((REPO / "chapters").glob("*.ipynb"))]
-    texts += [p.read_text(encoding="utf-8") for p in sorted((REPO / "klbook_lib").rglob("*.py"))
-              if "grading" not in p.relative_to(REPO / "klbook_lib").parts]
+    texts += [p.read_text(encoding="utf-8") for p in sorted((REPO / "klbook_lib").rglob("*.py"))]
+    texts += [p.read_text(encoding="utf-8") for p in sorted((REPO / "klbook_grader" / "tasks").rglob("*.py"))]
     texts += [_notebook_text(t) if str(p).endswith(".ipynb") else t
               for p, t in student_files.items()]
     texts += _catalogue_english()
@@ -261,7 +261,7 @@ def secrets(student_files: dict | None = None) -> dict:
             elif inside and s and not s.startswith("#"):
                 lines.add(s)
                 lines.add(s.split("  #")[0].rstrip())
-    for module in sorted((REPO / "klbook_lib" / "grading" / "hidden").glob("*.py")):
+    for module in sorted((REPO / "klbook_grader" / "hidden").glob("*.py")):
         if module.name in ("__init__.py", "bank.py", "questions.py"):   # the questions, not
             continue                                                     # their answers
         ref = module.read_text(encoding="utf-8")

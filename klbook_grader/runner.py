@@ -198,7 +198,8 @@ def _install_guards(guards: dict, channel: _Channel) -> None:
 
 
 def _refuse_library(allowed: set, packages: tuple, channel: _Channel) -> None:
-    """Refuse ``klbook_lib`` modules the sandbox does not offer, with a clear message."""
+    """Refuse ``klbook_lib`` and ``klbook_grader`` modules the sandbox does not offer, with a
+    clear message."""
 
     def offered(name: str) -> bool:     # an offered module, inside one, or a package above one
         return name in allowed or any(name == p or name.startswith(p + ".") or p.startswith(name + ".")
@@ -207,7 +208,7 @@ def _refuse_library(allowed: set, packages: tuple, channel: _Channel) -> None:
     class RefuseLibrary:
         @staticmethod
         def find_spec(name, path=None, target=None):
-            if isinstance(name, str) and name.split(".")[0] == "klbook_lib" and not offered(name):
+            if isinstance(name, str) and name.split(".")[0] in ("klbook_lib", "klbook_grader") and not offered(name):
                 msg = (f"import of {name} refused while grading: exercises must be solved "
                        "with your own code, not with the library's implementation")
                 channel.note(msg)

@@ -37,6 +37,7 @@ import json
 import os
 import secrets
 import shutil
+import importlib.util
 import site
 import stat
 import subprocess
@@ -48,21 +49,23 @@ from pathlib import Path
 
 from klbook_grader import syscalls
 
-PACKAGE_DIR = Path(__file__).resolve().parents[1]          # .../klbook_lib
+GRADING_DIR = Path(__file__).resolve().parent                # .../klbook_grader
+# the book's library: a package beside this one (the same checkout, or the same site-packages)
+PACKAGE_DIR = Path(importlib.util.find_spec("klbook_lib").origin).resolve().parent   # .../klbook_lib
 REPO_DIR = PACKAGE_DIR.parent
-GRADING_DIR = Path(__file__).resolve().parent
 
 # Inside the sandbox
-INSIDE_LIB = "/klbook/lib"             # the public copy of klbook_lib
+INSIDE_LIB = "/klbook/lib"             # the public copies of klbook_lib and klbook_grader
 INSIDE_RUNNER = "/klbook/runner.py"
 INSIDE_TMP = "/tmp"                    # the private tmpfs
 INSIDE_WORK = "/tmp/work"              # the notebook's working directory (and HOME)
 INSIDE_DATA = "/klbook/data"           # read-only data a training task reads (make_staging's data_dirs)
 SHM_BYTES = 64 << 20                   # size of the sandbox's /dev/shm (a tmpfs of its own)
 
-# What the student's process gets of the library: the public checker, the runtime helpers.
-PUBLIC_FILES = ("runtime.py", "grading/__init__.py", "grading/checker.py",
-                "grading/compare.py", "grading/public_cases.json")
+# What the student's process gets of the two packages: the runtime helpers, the public
+# checker (paths relative to the folder that holds both packages).
+PUBLIC_FILES = ("klbook_lib/runtime.py", "klbook_grader/__init__.py", "klbook_grader/checker.py",
+                "klbook_grader/compare.py", "klbook_grader/public_cases.json")
 PUBLIC_MODULES = ("klbook_lib", "klbook_lib.runtime", "klbook_grader",
                   "klbook_grader.checker", "klbook_grader.compare")
 # The sandbox's own package __init__: it does not depend on what the real one imports.
@@ -182,17 +185,29 @@ def _env_roots(outermost: bool = True) -> list[str]:
     return _outermost(out) if outermost else sorted(out)
 
 
+def _package_dir(top: str) -> Path | None:
+    """The folder of one of the two packages the sandbox copies from, else ``None``."""
+    return {"klbook_lib": PACKAGE_DIR, "klbook_grader": GRADING_DIR}.get(top)
+
+
+def _offerable(parts: list[str]) -> bool:
+    """May an exercise let the sandbox import this module: a ``klbook_lib`` module, or one of
+    the grader's training tasks (``klbook_grader.tasks``); never the rest of the grader."""
+    return len(parts) >= 2 and (parts[0] == "klbook_lib" or parts[:2] == ["klbook_grader", "tasks"])
+
+
 def _secret_paths() -> list[str]:
-    """Paths inside the bound environment that must stay hidden: an installed copy of the
-    full ``klbook_lib`` (a regular, non-editable install keeps the hidden tests there) and,
-    for an editable install, the repository itself if it lies inside the environment."""
+    """Paths inside the bound environment that must stay hidden: installed copies of
+    ``klbook_lib`` and ``klbook_grader`` (a regular, non-editable install keeps the hidden
+    tests there) and, for an editable install, the repository itself if it lies inside the
+    environment."""
     sites = {os.path.realpath(p) for p in site.getsitepackages()}
     sites.add(os.path.realpath(sysconfig.get_paths().get("purelib", "") or "/nonexistent"))
-    paths = {os.path.join(sp, "klbook_lib") for sp in sites
-             if os.path.isdir(os.path.join(sp, "klbook_lib"))}
-    package = os.path.realpath(PACKAGE_DIR)
-    if not any(package.startswith(sp + os.sep) for sp in sites):     # editable: a checkout
-        paths.add(os.path.realpath(REPO_DIR))
+    paths = {os.path.join(sp, top) for sp in sites for top in ("klbook_lib", "klbook_grader")
+             if os.path.isdir(os.path.join(sp, top))}
+    for package, repo in ((PACKAGE_DIR, REPO_DIR), (GRADING_DIR, GRADING_DIR.parent)):
+        if not any(os.path.realpath(package).startswith(sp + os.sep) for sp in sites):  # a checkout
+            paths.add(os.path.realpath(repo))
     return sorted(paths)
 
 
@@ -201,35 +216,41 @@ def site_dirs() -> list[str]:
 
 
 def library_files(modules) -> tuple[str, ...]:
-    """The files (relative to ``klbook_lib/``) of extra library modules or packages an
-    exercise lets the sandbox import, e.g. ``("klbook_lib.ppo", "klbook_lib.envs")`` for a
-    task that trains with the book's PPO. The grading package is never one of them."""
+    """The files (relative to the folder holding ``klbook_lib/``, e.g. ``klbook_lib/ppo.py``)
+    of extra modules or packages an exercise lets the sandbox import, e.g.
+    ``("klbook_lib.ppo", "klbook_lib.envs")`` for a task that trains with the book's PPO:
+    ``klbook_lib`` modules and the grader's training tasks (``klbook_grader.tasks``), never
+    the rest of the grader."""
     files = []
     for name in modules:
         parts = str(name).split(".")
-        if parts[0] != "klbook_lib" or len(parts) < 2 or parts[1] == "grading" or not all(
-                p.isidentifier() for p in parts):
-            raise ValueError(f"library: {name!r} is not a klbook_lib module outside grading")
+        if not _offerable(parts) or not all(p.isidentifier() for p in parts):
+            raise ValueError(f"library: {name!r} is not a klbook_lib module or a klbook_grader task")
+        top = _package_dir(parts[0])
         rel = Path(*parts[1:])
-        if (PACKAGE_DIR / rel).is_dir():
-            files += [str(f.relative_to(PACKAGE_DIR)) for f in sorted((PACKAGE_DIR / rel).rglob("*.py"))]
-        elif (PACKAGE_DIR / rel.with_suffix(".py")).is_file():
-            files.append(str(rel.with_suffix(".py")))
+        if (top / rel).is_dir():
+            files += [str(Path(parts[0]) / f.relative_to(top)) for f in sorted((top / rel).rglob("*.py"))]
+        elif (top / rel.with_suffix(".py")).is_file():
+            files.append(str(Path(parts[0]) / rel.with_suffix(".py")))
         else:
             raise ValueError(f"library: no module {name!r}")
     return tuple(files)
 
 
 def _module_file(name: str) -> Path | None:
-    rel = Path(*name.split(".")[1:])
-    for f in (PACKAGE_DIR / rel / "__init__.py", (PACKAGE_DIR / rel).with_suffix(".py")):
+    parts = name.split(".")
+    top = _package_dir(parts[0])
+    if top is None:
+        return None
+    rel = Path(*parts[1:])
+    for f in (top / rel / "__init__.py", (top / rel).with_suffix(".py")):
         if f.is_file():
             return f
     return None
 
 
 def _imports(path: Path, module: str, everything: bool) -> set[str]:
-    """The ``klbook_lib`` modules a file imports: at its top level only (not inside functions,
+    """The ``klbook_lib`` and ``klbook_grader`` modules a file imports: at its top level only (not inside functions,
     nor under ``if TYPE_CHECKING``), or ``everything``."""
     import ast
 
@@ -259,19 +280,21 @@ def _imports(path: Path, module: str, everything: bool) -> set[str]:
             visit(ast.iter_child_nodes(node))
 
     visit(tree.body)
-    return {m for m in out if m.split(".")[0] == "klbook_lib" and _module_file(m) is not None}
+    return {m for m in out if _package_dir(m.split(".")[0]) is not None and _module_file(m) is not None}
 
 
 def library_closure(modules, everything: bool = False) -> tuple[str, ...]:
-    """``modules`` and every ``klbook_lib`` module they import, transitively (modules and
-    packages named; packages with all their modules): at the top level of each file only,
-    which is what importing them runs, or ``everything`` (imports inside functions too)."""
+    """``modules`` and every ``klbook_lib`` module (or grader task) they import, transitively
+    (modules and packages named; packages with all their modules): at the top level of each
+    file only, which is what importing them runs, or ``everything`` (imports inside functions
+    too). The rest of ``klbook_grader`` is never part of it (its public checker is in every
+    sandbox anyway)."""
     named = {str(m) for m in modules}
     todo = sorted(named)
     seen: list[str] = []
     while todo:
         name = todo.pop()
-        if name in seen or name.split(".")[:2] == ["klbook_lib", "grading"] or name == "klbook_lib":
+        if name in seen or not _offerable(name.split(".")):
             continue
         seen.append(name)
         f = _module_file(name)
@@ -281,32 +304,36 @@ def library_closure(modules, everything: bool = False) -> tuple[str, ...]:
         if f.name == "__init__.py" and name in named:     # a package named: all of it
             files = sorted(f.parent.rglob("*.py"))
         for g in files:
-            sub = ".".join(["klbook_lib", *g.relative_to(PACKAGE_DIR).with_suffix("").parts])
+            top = name.split(".")[0]
+            sub = ".".join([top, *g.relative_to(_package_dir(top)).with_suffix("").parts])
             sub = sub.removesuffix(".__init__")
             todo += sorted(_imports(g, sub, everything) - set(seen))
     return tuple(sorted(seen))
 
 
 def make_staging(root: Path, extra_files: tuple = (), data_dirs: tuple = ()) -> None:
-    """Write the runner and the public copy of ``klbook_lib`` into ``root`` (read-only inside),
+    """Write the runner and the public copies of ``klbook_lib`` and ``klbook_grader`` into
+    ``root`` (read-only inside),
     and a copy of each of ``data_dirs`` (folders of public data a training task reads, such as a
     cached pipeline: ``Question.task_data``) into ``root/data/<its name>`` (:data:`INSIDE_DATA`)."""
-    lib = root / "lib" / "klbook_lib"
+    lib = root / "lib"
     for d in data_dirs:
         src = Path(d)
         if not src.is_dir() or src.is_symlink():
             raise ValueError(f"data_dirs: {str(d)!r} is not a folder")
         shutil.copytree(src, root / "data" / src.name, symlinks=False)
     for rel in PUBLIC_FILES + tuple(extra_files):
-        src = PACKAGE_DIR / rel
-        if not src.is_file() or ".." in Path(rel).parts or "hidden" in Path(rel).parts or (
-                rel not in PUBLIC_FILES and Path(rel).parts[0] == "grading"):
-            raise ValueError(f"extra_files: {rel!r} is not a public file of klbook_lib")
+        parts = Path(rel).parts
+        top = _package_dir(parts[0]) if len(parts) >= 2 else None
+        src = top / Path(*parts[1:]) if top is not None else None
+        if src is None or not src.is_file() or ".." in parts or "hidden" in parts or (
+                rel not in PUBLIC_FILES and not _offerable(list(parts))):
+            raise ValueError(f"extra_files: {rel!r} is not a public file of klbook_lib or klbook_grader")
         dst = lib / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(src, dst)
-    (lib / "__init__.py").write_text(PUBLIC_INIT, encoding="utf-8")
-    for d in [lib, *[p for p in lib.rglob("*") if p.is_dir()]]:
+    (lib / "klbook_lib" / "__init__.py").write_text(PUBLIC_INIT, encoding="utf-8")
+    for d in [p for p in lib.rglob("*") if p.is_dir()]:
         init = d / "__init__.py"
         if not init.exists():
             init.write_text("", encoding="utf-8")
@@ -381,14 +408,14 @@ def command(backend: Backend, staging: Path, limits: Limits, seccomp_fd: int | N
     roots = [r for r in _env_roots() if not any(r == d or r.startswith(d + os.sep) for d in system)]
     for r in roots:
         b += bind(r, r)
-    # hide whatever secret lies inside a bound directory: a regular install of klbook_lib is
-    # replaced by the public copy; a checkout inside the environment by an empty read-only
-    # tmpfs (in which the environment's own directories are bound again)
+    # hide whatever secret lies inside a bound directory: a regular install of klbook_lib or
+    # klbook_grader is replaced by its public copy; a checkout inside the environment by an
+    # empty read-only tmpfs (in which the environment's own directories are bound again)
     for secret in _secret_paths():
         if not (os.path.isdir(secret) and any(secret.startswith(r + os.sep) for r in roots + system)):
             continue
-        if os.path.basename(secret) == "klbook_lib":
-            b += ["--ro-bind", str(staging / "lib" / "klbook_lib"), secret]
+        if os.path.basename(secret) in ("klbook_lib", "klbook_grader"):
+            b += ["--ro-bind", str(staging / "lib" / os.path.basename(secret)), secret]
             continue
         b += ["--tmpfs", secret]
         for r in _outermost(d for d in _env_roots(outermost=False) if d.startswith(secret + os.sep)):

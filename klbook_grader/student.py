@@ -30,7 +30,7 @@ import nbformat
 
 from klbook_grader.compare import encode
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 MASTERS = REPO / "exercises" / "masters"
 STUDENTS = REPO / "exercises"
 PUBLIC_CASES = Path(__file__).with_name("public_cases.json")

@@ -303,7 +303,7 @@ def train_dpo(pipeline, beta: float = 0.1, steps: int = 200, seed: int = 0,
     with a fixed seed and report the exact ``KL(pi_theta || pi_ref)`` per sequence.
     ``loss_fn(policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps,
     beta)``, if given, replaces :func:`dpo_loss` in the training step (e.g. an exercise's own
-    loss, :mod:`klbook_lib.tasks.micro_rlhf`): it returns the per-pair losses ``[B]`` (or their
+    loss, :mod:`klbook_grader.tasks.micro_rlhf`): it returns the per-pair losses ``[B]`` (or their
     mean), whose mean is minimised; the logged rewards are still ``beta`` times the log-ratios.
     Dropout is switched off on the policy and on ``pi_ref`` (a GPT-2 checkpoint ships with it on).
     """

@@ -20,17 +20,26 @@ import torch
 from klbook_lib import estimators as E
 from klbook_lib.divergences import kl_from_log_probs, kl_from_logits
 
-LIB = Path(__file__).resolve().parents[1] / "klbook_lib"
+REPO = Path(__file__).resolve().parents[1]
+LIB = REPO / "klbook_lib"
+GRADER = REPO / "klbook_grader"
+
+
+def _sources(hidden: bool = False) -> dict[str, Path]:
+    """Every module of the book's library (named relative to ``klbook_lib/``) and of the
+    grader (``klbook_grader/...``); the grader's answer keys (``klbook_grader/hidden``) only
+    if ``hidden``."""
+    out = {f.relative_to(LIB).as_posix(): f for f in sorted(LIB.rglob("*.py"))}
+    out.update({f.relative_to(REPO).as_posix(): f for f in sorted(GRADER.rglob("*.py"))
+                if hidden or "hidden" not in f.relative_to(GRADER).parts})
+    return out
 
 
 def _library_code() -> dict[str, list[str]]:
     """Code lines of every library module but the answer keys: docstrings and comments dropped
     (``ast.unparse`` also writes every expression in one canonical spelling)."""
     out = {}
-    for f in sorted(LIB.rglob("*.py")):
-        rel = f.relative_to(LIB).as_posix()
-        if rel.startswith("grading/hidden/"):
-            continue
+    for rel, f in _sources().items():
         tree = ast.parse(f.read_text(encoding="utf-8"))
         for node in ast.walk(tree):
             body = getattr(node, "body", None)
@@ -69,20 +78,19 @@ def _module_aliases(tree: ast.AST) -> set[str]:
     """Names a module binds to other modules of the library (``from . import rewards as R``)."""
     names = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and (node.level > 0 or (node.module or "").startswith("klbook_lib")):
+        if isinstance(node, ast.ImportFrom) and (node.level > 0 or (node.module or "").startswith(("klbook_lib", "klbook_grader"))):
             for a in node.names:
                 names.add(a.asname or a.name)
         elif isinstance(node, ast.Import):
             for a in node.names:
-                if a.name.startswith("klbook_lib"):
+                if a.name.startswith(("klbook_lib", "klbook_grader")):
                     names.add(a.asname or a.name.split(".")[0])
     return names
 
 
 def test_no_module_uses_another_modules_private_names():
     bad = []
-    for f in sorted(LIB.rglob("*.py")):
-        rel = f.relative_to(LIB).as_posix()
+    for rel, f in _sources(hidden=True).items():
         tree = ast.parse(f.read_text(encoding="utf-8"))
         aliases = _module_aliases(tree)
         for node in ast.walk(tree):

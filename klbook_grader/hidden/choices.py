@@ -2,7 +2,7 @@
 
 The grader's feedback for a wrong choice says which letter was chosen and why that statement
 fails (never which letter is right). :func:`klbook_grader.hidden.bank.questions` attaches
-these to the questions; ``tests/test_exercise_traps.py`` checks that every wrong letter of every
+these to the questions; ``tests/grader/test_exercise_traps.py`` checks that every wrong letter of every
 choice question has its sentence.
 """
 from __future__ import annotations

@@ -4,7 +4,7 @@ The reference solutions are written here independently of the chapter's library
 (``klbook_lib.rlhf.grpo``), in numpy, except :func:`kl_gradient_two_steps`, whose
 reference is the gradient that autograd computes on the enumerated sequences
 (``klbook_lib.seqkl``): the student derives it by hand, the grader checks it against the
-exact one. ``tests/test_ex11_sequence.py`` checks every reference against a second,
+exact one. ``tests/grader/test_ex11_sequence.py`` checks every reference against a second,
 independent computation. Registered in :mod:`klbook_grader.hidden.bank`.
 """
 from __future__ import annotations

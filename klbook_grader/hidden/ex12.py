@@ -2,7 +2,7 @@
 
 Registered in :mod:`klbook_grader.hidden.bank` under ``"ex12_overoptimisation_distillation"``.
 The references are plain numpy, written independently of ``klbook_lib.rlhf.overopt`` and
-``klbook_lib.rlhf.distill``; ``tests/test_ex12.py`` checks them against those modules and against
+``klbook_lib.rlhf.distill``; ``tests/grader/test_ex12.py`` checks them against those modules and against
 brute-force enumeration.
 """
 from __future__ import annotations

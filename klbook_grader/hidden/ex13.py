@@ -1,7 +1,7 @@
 """Graded questions of exercise 13 ("KL as a tool"), with their reference solutions.
 
 Registered in :mod:`klbook_grader.hidden.bank` under ``"ex13_kl_as_a_tool"``. The
-reference functions are tested against independent computations in ``tests/test_ex13.py``.
+reference functions are tested against independent computations in ``tests/grader/test_ex13.py``.
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 The reference solutions are written here independently of the chapter's library
 (``klbook_lib.offpolicy``): plain Python loops over the tokens of every response, in numpy,
 with the attached ratio's gradient in closed form (``grad(rho k3) = rho k1`` with respect to
-``log pi_theta``); ``tests/test_ex14_offpolicy.py`` checks them against autograd and the
+``log pi_theta``); ``tests/grader/test_ex14_offpolicy.py`` checks them against autograd and the
 library. Registered in :mod:`klbook_grader.hidden.bank`.
 """
 from __future__ import annotations

@@ -4,7 +4,7 @@ the shape of the optimum).
 The reference solutions are written here independently of the chapter's library
 (``klbook_lib.shape``, ``klbook_lib.optimal``, ``klbook_lib.dpo``): plain Python loops over the
 rows of a batch with ``math`` functions, each softmax and log-sigmoid in its stable log-space form.
-``tests/test_ex15_exploration.py`` checks them against the library, autograd and finite
+``tests/grader/test_ex15_exploration.py`` checks them against the library, autograd and finite
 differences, and that the classic wrong answers lose their points. Registered in
 :mod:`klbook_grader.hidden.bank`.
 """

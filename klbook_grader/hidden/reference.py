@@ -1,7 +1,7 @@
 """Reference solutions of the graded exercises (numpy; torch only for ``dpo_loss``).
 
 These are written independently of the rest of ``klbook_lib`` so that the exercises do
-not depend on the chapters' code; ``tests/test_grading.py`` checks each of them against
+not depend on the chapters' code; ``tests/grader/test_grading.py`` checks each of them against
 scipy, torch.distributions, closed forms or brute force.
 """
 from __future__ import annotations
@@ -337,7 +337,7 @@ def kl_gradients_autograd(logits, ref_logits) -> np.ndarray:
     Each row is the gradient of a surrogate over all V tokens: in the reward,
     sum_a sg(p_a k_a) log p_a; in the loss, sum_a sg(p_a) k_a. Products with p_a are formed so
     that they stay finite for tiny p_a (p k3 = q - p + p l; p rho = exp(log q + log sg(p) - log p)).
-    tests/test_tasks.py checks it against :func:`klbook_lib.seqkl.expected_gradient`.
+    tests/grader/test_tasks.py checks it against :func:`klbook_lib.seqkl.expected_gradient`.
     """
     import torch
 

@@ -19,7 +19,7 @@ fresh episodes, averages at least 475; *KL held* if the median KL of the updates
 ``[target / 2, 2 * target]``. A single update's KL scatters widely around the target (chapter 3:
 most updates land outside the rule's dead band ``[target / 1.5, 1.5 * target]``), and so does the
 median of a run: the reference solution's medians lay between 0.67 and 0.96 x target on seeds
-0-6 and 100 (chosen on those seeds; ``tests/test_exercise_traps.py`` checks more), hence the
+0-6 and 100 (chosen on those seeds; ``tests/grader/test_exercise_traps.py`` checks more), hence the
 wider band.
 
 A run counts only if its loss has a working KL term: clipping alone solves CartPole, so a loss

@@ -256,7 +256,7 @@ def measure_policy(pipeline, policy, n: int = EVAL_SAMPLES, seed: int = 0) -> di
 
 #: What a graded RLHF run must reach. The reference runs gain about 0.9 in true reward at a KL
 #: of about 2 nats; the same run without the KL penalty reaches KL 5 to 8, and with the score
-#: paid on the wrong token it gains nothing (tests/test_tasks.py).
+#: paid on the wrong token it gains nothing (tests/grader/test_tasks.py).
 RLHF_REWARD_GAIN = 0.6      # mean true reward above pi_ref's
 RLHF_MAX_KL = 3.5           # nats per response
 

@@ -157,7 +157,7 @@ def dashboard(run, title: str = "training run"):
 
 #: Checks of a patched run. The fixed trainer's largest update KL is 0.12 to 0.26 and its last
 #: five policies close 94 to 97 per cent of the gap to J* (ten seeds); each bug of the exercise
-#: fails one of these checks or its own probe (the instructor's tests/test_exercise_traps.py).
+#: fails one of these checks or its own probe (the instructor's tests/grader/test_exercise_traps.py).
 MAX_UPDATE_KL = 0.4
 MIN_GAP_CLOSED = 0.85
 LAST = 5

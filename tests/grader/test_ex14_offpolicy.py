@@ -1,7 +1,7 @@
 """Exercise 14 on off-policy KL: the reference solutions (plain loops, in
-klbook_lib/grading/hidden/ex14_offpolicy.py) against autograd and the chapter's library
+klbook_grader/hidden/ex14_offpolicy.py) against autograd and the chapter's library
 (klbook_lib.offpolicy), which the references do not call. Grading of the master and the stub is in
-tests/test_exercises.py, the classic wrong answers in tests/test_exercise_traps.py."""
+tests/grader/test_exercises.py, the classic wrong answers in tests/grader/test_exercise_traps.py."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from klbook_lib import offpolicy, seqkl
-from klbook_lib.grading.hidden import bank
-from klbook_lib.grading.hidden import ex14_offpolicy as ex
+from klbook_grader.hidden import bank
+from klbook_grader.hidden import ex14_offpolicy as ex
 
 EX = "ex14_offpolicy_kl"
 
@@ -92,8 +92,8 @@ def test_tv_keep_reference_against_the_library():
 def test_two_exercises_numbered_14_are_told_apart_by_their_full_names():
     from pathlib import Path
 
-    from klbook_lib.grading.grader import GraderError, find_exercise
-    from klbook_lib.grading.start import StartError, resolve
+    from klbook_grader.grader import GraderError, find_exercise
+    from klbook_grader.start import StartError, resolve
 
     nb = {"metadata": {}}
     assert find_exercise(Path("alice/ex14_offpolicy_kl.ipynb"), nb, None)[0] == EX

@@ -23,12 +23,12 @@ import numpy as np
 import pytest
 import torch
 
-from klbook_lib.grading import student
-from klbook_lib.grading.grader import grade
+from klbook_grader import student
+from klbook_grader.grader import grade
 
 from grading_helpers import replace_function
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MASTERS = REPO / "exercises" / "masters"
 STUBS = {"train_cartpole": "seed", "train_rlhf": "seed", "train_dpo": "seed", "run_probe": "part, *args"}
 
@@ -239,7 +239,7 @@ SETUP = "import numpy as np\nimport torch\n"
 
 
 def test_ex03_a_fake_cartpole_outcome_scores_zero(tmp_path):
-    fake = SETUP + '''from klbook_lib.tasks import cartpole_kl
+    fake = SETUP + '''from klbook_grader.tasks import cartpole_kl
 
 def train_cartpole(seed):
     actor = cartpole_kl.actor_vector(cartpole_kl.make_agent())          # never trained
@@ -255,7 +255,7 @@ def train_cartpole(seed):
 
 
 def test_ex05_a_fabricated_or_frozen_run_scores_zero(tmp_path):
-    fake = SETUP + '''from klbook_lib.tasks import token_trainer as tt
+    fake = SETUP + '''from klbook_grader.tasks import token_trainer as tt
 
 def run_probe(part, *args):
     ref = tt.reference_logits()
@@ -268,7 +268,7 @@ def run_probe(part, *args):
 
 
 def test_ex07_untrained_or_broken_weights_score_zero(tmp_path):
-    fake = SETUP + '''from klbook_lib.tasks import micro_rlhf
+    fake = SETUP + '''from klbook_grader.tasks import micro_rlhf
 
 def train_rlhf(seed):
     pipe = micro_rlhf.build(0)
@@ -287,7 +287,7 @@ def train_rlhf(seed):
 
 
 def test_ex08_random_weights_score_zero(tmp_path):
-    fake = SETUP + '''from klbook_lib.tasks import micro_rlhf
+    fake = SETUP + '''from klbook_grader.tasks import micro_rlhf
 
 def train_dpo(seed):
     pipe = micro_rlhf.build(0)
@@ -312,7 +312,7 @@ def master_namespace(exercise: str) -> dict:
 
 @pytest.mark.slow
 def test_cartpole_reference_passes_on_more_seeds_than_the_grader_uses():
-    from klbook_lib.tasks import cartpole_kl
+    from klbook_grader.tasks import cartpole_kl
 
     ns = master_namespace("ex03_trpo_ppo")
     credits = [cartpole_kl.judge(ns["train_cartpole"](s), eval_seed=5_000 + s)[0] for s in range(5, 17)]
@@ -323,7 +323,7 @@ def test_cartpole_reference_passes_on_more_seeds_than_the_grader_uses():
 
 @pytest.mark.slow
 def test_rlhf_reference_passes_on_more_seeds_than_the_grader_uses():
-    from klbook_lib.tasks import micro_rlhf
+    from klbook_grader.tasks import micro_rlhf
 
     ns = master_namespace("ex07_token_level_kl")
     credits = [micro_rlhf.judge_rlhf(ns["train_rlhf"](s), eval_seed=5_000 + s)[0] for s in range(4, 12)]
@@ -332,7 +332,7 @@ def test_rlhf_reference_passes_on_more_seeds_than_the_grader_uses():
 
 @pytest.mark.slow
 def test_dpo_reference_passes_on_more_seeds_than_the_grader_uses():
-    from klbook_lib.tasks import micro_rlhf
+    from klbook_grader.tasks import micro_rlhf
 
     ns = master_namespace("ex08_vi_elbo_dpo")
     credits = [micro_rlhf.judge_dpo(ns["train_dpo"](s), eval_seed=5_000 + s)[0] for s in range(4, 12)]
@@ -353,7 +353,7 @@ BUGS = ("temperature", "kl mean", "score on a pad", "flipped ratio", "stale old 
 
 @pytest.mark.slow
 def test_the_fixed_trainer_passes_and_each_bug_fails_what_it_should():
-    from klbook_lib.tasks import token_trainer as tt
+    from klbook_grader.tasks import token_trainer as tt
 
     trainer = next(s for s in master_cells("ex05_kl_in_practice") if "def run_probe" in s)
     assert len(re.findall("# BEGIN STUDENT", trainer)) == len(BUGS)
@@ -381,7 +381,7 @@ def test_the_fixed_trainer_passes_and_each_bug_fails_what_it_should():
 def test_outcome_catches_broken_training_dynamics():
     """What the outcome cases see (the unit cases catch the rest): an inverted beta rule, the
     score on a pad, the KL penalty's sign flipped, DPO's margin flipped."""
-    from klbook_lib.tasks import cartpole_kl, micro_rlhf
+    from klbook_grader.tasks import cartpole_kl, micro_rlhf
 
     ns3 = master_namespace("ex03_trpo_ppo")
     inverted = lambda b, kl, t: b * 2 if kl < t / 1.5 else b / 2 if kl > 1.5 * t else b  # noqa: E731
@@ -462,7 +462,7 @@ def ppo_clip_objective(ratio, advantages, eps):
 def test_wrapping_the_books_library_scores_zero(tmp_path, monkeypatch, exercise):
     import dataclasses
 
-    from klbook_lib.grading.hidden import bank
+    from klbook_grader.hidden import bank
 
     full, modules, wrapper = LIBRARY_WRAPPERS[exercise]
     cells = master_cells(exercise)[:1] + [wrapper]
@@ -491,7 +491,7 @@ def test_ex01_an_all_zeros_kl_from_logits_scores_zero(tmp_path):
 
 # ---------------------------------------------------------------- 5. issue 25: undeserved credit
 # Each wrong variant that issue 25 found earning points is graded and loses them; the master's
-# full marks are checked in tests/test_exercises.py.
+# full marks are checked in tests/grader/test_exercises.py.
 def _core_zero(r: dict, qid: str) -> None:
     q = question(r, qid)
     assert q["points"] == 0, q
@@ -536,7 +536,7 @@ NO_KL_LOSS = '''def kl_penalty_loss(logits_new, logits_old, actions, advantages,
 def test_issue25_item2_the_kl_probe_tells_a_kl_penalty_loss_from_others():
     """The probe that q8's judge requires (no training here; the slow test below grades the no-KL
     loss's four training runs): the master's loss passes it, no KL term and the wrong direction fail."""
-    from klbook_lib.tasks import cartpole_kl
+    from klbook_grader.tasks import cartpole_kl
 
     good = master_namespace("ex03_trpo_ppo")["kl_penalty_loss"]
     assert cartpole_kl.kl_term_works([None, None, None, cartpole_kl.kl_probe(good)])[0]
@@ -579,7 +579,7 @@ def test_issue25_item3_ex05_one_batch_reused_loses_both_training_cases(tmp_path)
 def test_issue25_item3_every_fixed_run_has_fresh_batches_and_every_reused_one_not():
     """The check that catches batch reuse, on the grader's seeds (11, 12), the public one (100)
     and more: it never fails the fixed trainer and always fails one batch reused."""
-    from klbook_lib.tasks import token_trainer as tt
+    from klbook_grader.tasks import token_trainer as tt
 
     src = next(s for s in master_cells("ex05_kl_in_practice") if "def run_probe" in s)
     reused = src.replace("    for update in range(updates):\n        tokens, rows, mask = tt.sample(theta, batch, gen)\n",
@@ -609,7 +609,7 @@ def test_issue25_item4_ex07_masked_gae_ignoring_the_mask_scores_zero_on_q5(tmp_p
 
 
 def _mask_ignoring_rlhf_credit(seed: int) -> float:
-    from klbook_lib.tasks import micro_rlhf
+    from klbook_grader.tasks import micro_rlhf
 
     ns = master_namespace("ex07_token_level_kl")
     exec(compile(MASK_IGNORING_GAE, "<mask-ignoring>", "exec"), ns)      # noqa: S102
@@ -656,7 +656,7 @@ def test_issue25_item5_ex11_kl_term_variants_score_zero(tmp_path, variant):
 def test_issue25_item6_ex01_every_kl_from_logits_case_has_a_nonzero_kl():
     """Item 6 (the all-zeros kl_from_logits graded: test_ex01_an_all_zeros_kl_from_logits_scores_zero
     above): no case of q2 is all zeros, so returning zeros can pass none."""
-    from klbook_lib.grading.hidden import bank
+    from klbook_grader.hidden import bank
 
     q2 = next(q for q in bank.questions("ex01_kl_definition") if q.id == "q2")
     assert all(np.abs(e).max() > 1e-3 for e in q2.expected())

@@ -1,6 +1,6 @@
 """Project 2 (project2_ppo_rlhf): a PPO-RLHF loop on the tiny GPT-2.
 
-1. The references of klbook_lib/grading/hidden/project2.py (plain loops) against independent ones:
+1. The references of klbook_grader/hidden/project2.py (plain loops) against independent ones:
    vectorised numpy formulas, a backward GAE recursion over each row's real tokens, the closed form
    of GAE at gamma = lambda = 1, torch for the loss, hand-computed cases.
 2. Wrong pieces, scored by the grader's own scoring on every case of their question (in this
@@ -12,7 +12,7 @@
    every iteration earns nothing; a per-token reward with the sign flipped earns nothing.
    (Advantages and returns left attached to the value model's graph are NOT caught by the outcome:
    the policy's gradient is the same, and such a loop earns full credit on the grader's seeds.)
-Master full marks and stub zero are in tests/test_exercises.py (they cover every exercise).
+Master full marks and stub zero are in tests/grader/test_exercises.py (they cover every exercise).
 """
 from __future__ import annotations
 
@@ -23,14 +23,14 @@ import numpy as np
 import pytest
 import torch
 
-from klbook_lib.grading import batch as B
-from klbook_lib.grading import compare, start
-from klbook_lib.grading.grader import _score_question, find_exercise
-from klbook_lib.grading.hidden import bank
-from klbook_lib.grading.hidden import project2 as P
+from klbook_grader import batch as B
+from klbook_grader import compare, start
+from klbook_grader.grader import _score_question, find_exercise
+from klbook_grader.hidden import bank
+from klbook_grader.hidden import project2 as P
 
 EX = "project2_ppo_rlhf"
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MASTER = REPO / "exercises" / "masters" / f"{EX}.ipynb"
 STUDENT = REPO / "exercises" / f"{EX}.ipynb"
 
@@ -116,7 +116,7 @@ def test_loss_reference_against_torch():
 
 
 def test_the_tasks_reward_probe_is_the_reference_on_its_inputs():
-    from klbook_lib.tasks import rlhf_project as task
+    from klbook_grader.tasks import rlhf_project as task
 
     np.testing.assert_allclose(task.expected_reward_probe(), P.rewards_reference(*task.reward_probe_inputs()),
                                rtol=1e-12, atol=1e-12)
@@ -247,7 +247,7 @@ def test_klbook_start_copies_the_project(tmp_path):
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-m", "klbook_lib.cli", "start", "project2", str(tmp_path / "work")],
+    proc = subprocess.run([sys.executable, "-m", "klbook_grader.cli", "start", "project2", str(tmp_path / "work")],
                           capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     out = tmp_path / "work" / f"{EX}.ipynb"
@@ -264,7 +264,7 @@ def test_the_shipped_files_name_no_trap():
     """The student notebook and the task module (both in the release) say what to do, not which
     mistakes the hidden cases catch."""
     text = "\n".join(c.source for c in nbformat.read(STUDENT, as_version=4).cells)
-    text += (REPO / "klbook_lib" / "tasks" / "rlhf_project.py").read_text(encoding="utf-8")
+    text += (REPO / "klbook_grader" / "tasks" / "rlhf_project.py").read_text(encoding="utf-8")
     for word in TRAP_WORDS:
         assert word not in text.lower(), word
     assert "BEGIN SOLUTION" not in text
@@ -323,8 +323,8 @@ def test_a_loop_that_reuses_its_first_batch_earns_nothing():
 
 
 def test_a_per_token_reward_with_the_kl_sign_flipped_earns_nothing_from_training():
-    from klbook_lib.grading.hidden.questions import plain
-    from klbook_lib.tasks import rlhf_project as task
+    from klbook_grader.hidden.questions import plain
+    from klbook_grader.tasks import rlhf_project as task
 
     def flipped(lp, ref, s, m, beta):
         return _score_last(torch.where(m > 0, beta * (lp - ref), torch.zeros_like(lp)), s, m)
@@ -339,7 +339,7 @@ def test_a_per_token_reward_with_the_kl_sign_flipped_earns_nothing_from_training
 
 
 def test_the_staging_copies_task_data_read_only_and_refuses_a_file(tmp_path):
-    from klbook_lib.grading import sandbox
+    from klbook_grader import sandbox
 
     data = tmp_path / "rlhf-entry"
     (data / "sft").mkdir(parents=True)

@@ -4,7 +4,7 @@ Each grading run executes a notebook in the grader's sandbox (one to a few secon
 most of it importing numpy, scipy or torch; the notebooks with an outcome-graded training
 task take 10 to 20 s of CPU, up to a minute on the shared machine), so the two parametrised
 tests below take most of this file's run time. The classic wrong answers, fake outcomes and
-the outcome tasks' seeds are tested in tests/test_exercise_traps.py.
+the outcome tasks' seeds are tested in tests/grader/test_exercise_traps.py.
 """
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ import nbformat
 import pytest
 import yaml
 
-from klbook_lib.grading import student
-from klbook_lib.grading.grader import grade
-from klbook_lib.grading.hidden import bank
+from klbook_grader import student
+from klbook_grader.grader import grade
+from klbook_grader.hidden import bank
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 EXERCISES = bank.exercise_names()
 # questions whose student version is working code with bugs, not a stub (exercise 5's trainer)
 DEBUG_TASKS = {("ex05_kl_in_practice", "q5")}

@@ -1,6 +1,6 @@
 """The graded exercise of chapter 11 (ex11_sequence_kl_grpo): references and grading.
 
-Each reference solution of klbook_lib/grading/hidden/ex11_sequence.py is checked against a second,
+Each reference solution of klbook_grader/hidden/ex11_sequence.py is checked against a second,
 independent computation (the chapter's library klbook_lib.rlhf.grpo, klbook_lib.seqkl's closed forms,
 central finite differences of a numpy double sum). Then ``klbook grade`` must give the master full
 marks and the generated student notebook zero.
@@ -20,11 +20,11 @@ import pytest
 import torch
 
 import klbook_lib.seqkl as S
-from klbook_lib.grading.hidden import bank
-from klbook_lib.grading.hidden import ex11_sequence as X
+from klbook_grader.hidden import bank
+from klbook_grader.hidden import ex11_sequence as X
 from klbook_lib.rlhf import grpo
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 EX = "ex11_sequence_kl_grpo"
 torch.set_num_threads(1)
 
@@ -101,7 +101,7 @@ def test_k3_stationary_policy_matches_seqkl_and_is_stationary():
 
 def _grade_cli(path: Path, tmp_path: Path) -> dict:
     out = tmp_path / f"{path.stem}.json"
-    proc = subprocess.run([sys.executable, "-m", "klbook_lib.cli", "grade", str(path), "--exercise", EX,
+    proc = subprocess.run([sys.executable, "-m", "klbook_grader.cli", "grade", str(path), "--exercise", EX,
                            "--json", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.is_file(), proc.stdout[-2000:] + proc.stderr[-2000:]
     return {"stdout": proc.stdout, "returncode": proc.returncode, **json.loads(out.read_text())}

@@ -31,13 +31,13 @@ import nbformat
 import pytest
 
 from grading_helpers import FULL, WRONG_ANSWERS, master_cells, messages, points, write_nb
-from klbook_lib.grading import grader as G
-from klbook_lib.grading.grader import grade
+from klbook_grader import grader as G
+from klbook_grader.grader import grade
 
-REPO = Path(G.__file__).resolve().parents[2]        # the checkout whose grader is under test
+REPO = Path(G.__file__).resolve().parents[1]        # the checkout whose grader is under test
 MASTER = REPO / "exercises" / "masters" / "ex01_kl_definition.ipynb"
-HIDDEN = REPO / "klbook_lib" / "grading" / "hidden"
-KLBOOK = [sys.executable, "-m", "klbook_lib.cli"]
+HIDDEN = REPO / "klbook_grader" / "hidden"
+KLBOOK = [sys.executable, "-m", "klbook_grader.cli"]
 
 # Executes the solution cells of a master notebook's text in the notebook's globals.
 STEAL = '''
@@ -144,7 +144,7 @@ READERS = {
                                 "    m.install()\n"
                                 "for name in [m for m in sys.modules if m.startswith('klbook_lib')]:\n"
                                 "    del sys.modules[name]\n"
-                                "from klbook_lib.grading.hidden.reference import kl_categorical, kl_from_logits"),
+                                "from klbook_grader.hidden.reference import kl_categorical, kl_from_logits"),
 }
 
 
@@ -274,7 +274,7 @@ def test_signals_reach_neither_the_grader_nor_other_processes(env, tmp_path):
 
 
 def test_kill_all_processes_only_ends_the_notebooks_own(env, tmp_path):
-    from klbook_lib.grading import sandbox          # refuses to run this without OS isolation
+    from klbook_grader import sandbox          # refuses to run this without OS isolation
 
     assert sandbox.backend().isolated                # kill(-1) outside a sandbox would end the session
     decoy = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", env["marker"] + "-decoy"])
@@ -568,7 +568,7 @@ MODES = ["root", "userns"] if os.geteuid() == 0 else ["userns"]
 @pytest.fixture
 def forced_mode(request, monkeypatch):
     """Build the sandbox the way ``request.param`` says, for this test only."""
-    from klbook_lib.grading import sandbox
+    from klbook_grader import sandbox
 
     monkeypatch.setenv(sandbox.MODE_ENV, request.param)
     monkeypatch.setattr(sandbox, "_cached", None)
@@ -581,7 +581,7 @@ def test_inside_the_sandbox_only_the_environment_and_a_private_tmpfs_exist(env, 
     """A notebook checks its own world; any failed assertion would show as a failed cell."""
     import numpy
 
-    from klbook_lib.grading import sandbox
+    from klbook_grader import sandbox
 
     venv_file = Path(numpy.__file__)
     # a checkout under /tmp has its path inside the sandbox's private tmpfs, where writing is
@@ -593,7 +593,7 @@ import os, socket, errno
 assert os.getuid() != 0 and os.geteuid() != 0, "runs as root"
 assert os.getcwd() == {sandbox.INSIDE_WORK!r}
 assert os.path.isfile("ex01_kl_definition.ipynb")               # its own notebook, a copy
-for hidden in ({str(REPO / "klbook_lib")!r}, {str(REPO / "exercises")!r}, {str(REPO / ".git")!r},
+for hidden in ({str(REPO / "klbook_lib")!r}, {str(REPO / "klbook_grader")!r}, {str(REPO / "exercises")!r}, {str(REPO / ".git")!r},
                {str(tmp_path)!r}, "/home", "/root/.ssh", "/etc/passwd", "/etc/shadow", "/var", "/sys",
                "/usr/src", "/usr/local/src", "/usr/include", "/opt", "/srv", "/mnt"):
     assert not os.path.exists(hidden), hidden
@@ -657,7 +657,7 @@ def test_unsafe_mode_still_grades_and_cleans_up_deep_trees(env, tmp_path):
 
 
 def test_remove_tree_handles_depth_permissions_and_links(tmp_path):
-    from klbook_lib.grading.sandbox import remove_tree
+    from klbook_grader.sandbox import remove_tree
 
     outside = tmp_path / "outside"
     outside.mkdir()
@@ -688,7 +688,7 @@ def test_a_question_can_declare_its_own_time_limit(env, tmp_path, monkeypatch):
     """Long calls (issue 14's training runs) get their own limit, here smaller than the default."""
     import dataclasses
 
-    from klbook_lib.grading.hidden import bank
+    from klbook_grader.hidden import bank
 
     real = bank.questions
 
@@ -706,7 +706,7 @@ def test_a_question_can_declare_its_own_time_limit(env, tmp_path, monkeypatch):
 
 
 def test_clean_text_and_the_report_reader():
-    from klbook_lib.grading import protocol
+    from klbook_grader import protocol
 
     assert protocol.clean("a\x1b[31mred\x1b[0m\tb\r\nc\u202ed\x00e\x9b2Jf\x1b]0;t\x07g") == "ared b c d efg"
     assert protocol.clean("中文 ok") == "中文 ok"
@@ -763,7 +763,7 @@ def test_an_exercise_can_offer_library_modules_to_the_sandbox(env, tmp_path, mon
     """Issue 14's tasks train with the book's code: a question names the modules it offers."""
     import dataclasses
 
-    from klbook_lib.grading.hidden import bank
+    from klbook_grader.hidden import bank
 
     real = bank.questions
 
@@ -786,20 +786,23 @@ def test_a_regular_install_of_the_library_is_replaced_by_its_public_copy(tmp_pat
     sandbox must see: the command binds the public copy over that one folder only."""
     import site as site_module
 
-    from klbook_lib.grading import sandbox
+    from klbook_grader import sandbox
 
     sp = tmp_path / "venv" / "lib" / "site-packages"
-    (sp / "klbook_lib" / "grading" / "hidden").mkdir(parents=True)
+    (sp / "klbook_grader" / "hidden").mkdir(parents=True)
+    (sp / "klbook_lib").mkdir()
     monkeypatch.setattr(site_module, "getsitepackages", lambda: [str(sp)])
     monkeypatch.setattr(sandbox, "PACKAGE_DIR", sp / "klbook_lib")
+    monkeypatch.setattr(sandbox, "GRADING_DIR", sp / "klbook_grader")
     monkeypatch.setattr(sandbox, "REPO_DIR", sp)
     staging = tmp_path / "staging"
     cmd = sandbox.command(sandbox.Backend(mode="userns", bwrap="bwrap"), staging, sandbox.Limits())
     pairs = list(zip(cmd, cmd[1:], cmd[2:]))
     assert ("--ro-bind", str(sp), str(sp)) in pairs
-    assert ("--ro-bind", str(staging / "lib" / "klbook_lib"), str(sp / "klbook_lib")) in pairs
-    assert pairs.index(("--ro-bind", str(staging / "lib" / "klbook_lib"), str(sp / "klbook_lib"))) > \
-        pairs.index(("--ro-bind", str(sp), str(sp)))
+    for package in ("klbook_lib", "klbook_grader"):       # each package by its public copy
+        assert ("--ro-bind", str(staging / "lib" / package), str(sp / package)) in pairs
+        assert pairs.index(("--ro-bind", str(staging / "lib" / package), str(sp / package))) > \
+            pairs.index(("--ro-bind", str(sp), str(sp)))
     assert str(sp) not in [b for a, b in zip(cmd, cmd[1:]) if a == "--tmpfs"]
 
 
@@ -809,16 +812,18 @@ def test_a_checkout_inside_the_environment_is_masked(tmp_path, monkeypatch):
     import site as site_module
     import sys as sys_module
 
-    from klbook_lib.grading import sandbox
+    from klbook_grader import sandbox
 
     prefix = tmp_path / "conda"
     repo = prefix / "book"
     sp = repo / ".venv" / "lib" / "site-packages"
     sp.mkdir(parents=True)
     (repo / "klbook_lib").mkdir()
+    (repo / "klbook_grader").mkdir()
     monkeypatch.setattr(sys_module, "prefix", str(prefix))
     monkeypatch.setattr(site_module, "getsitepackages", lambda: [str(sp)])
     monkeypatch.setattr(sandbox, "PACKAGE_DIR", repo / "klbook_lib")
+    monkeypatch.setattr(sandbox, "GRADING_DIR", repo / "klbook_grader")
     monkeypatch.setattr(sandbox, "REPO_DIR", repo)
     cmd = sandbox.command(sandbox.Backend(mode="userns", bwrap="bwrap"), tmp_path / "st", sandbox.Limits())
     text = " ".join(cmd)
@@ -827,8 +832,8 @@ def test_a_checkout_inside_the_environment_is_masked(tmp_path, monkeypatch):
 
 
 # ---------------------------------------------------------------- issue 23: seccomp, cgroups, limits
-from klbook_lib.grading import batch as B  # noqa: E402
-from klbook_lib.grading import cgroups, syscalls  # noqa: E402
+from klbook_grader import batch as B  # noqa: E402
+from klbook_grader import cgroups, syscalls  # noqa: E402
 
 NO_CGROUPS = not cgroups.support().available
 CGROUP_REASON = f"no cgroups on this machine: {cgroups.support().reason}"
@@ -1036,7 +1041,7 @@ def test_cgroups_are_used_where_the_machine_has_them(env, tmp_path):
 
 RACE = """
 import sys, time
-from klbook_lib.grading import cgroups
+from klbook_grader import cgroups
 s = cgroups.support()
 made = failed = 0
 end = time.monotonic() + float(sys.argv[1])
@@ -1059,7 +1064,7 @@ def test_graders_starting_and_ending_groups_at_once_never_fail(tmp_path):
         pytest.skip("no cgroups on this machine")
     script = tmp_path / "race.py"
     script.write_text(RACE)
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     procs = [subprocess.Popen([sys.executable, str(script), "4"], stdout=subprocess.PIPE,
                               text=True, env=env) for _ in range(3)]
     outs = [p.communicate(timeout=120)[0] for p in procs]

@@ -18,12 +18,12 @@ import torch
 from scipy.special import rel_entr
 
 from klbook_lib import monitor
-from klbook_lib.grading import student
-from klbook_lib.grading.grader import grade
-from klbook_lib.grading.hidden import bank
-from klbook_lib.grading.hidden import ex13
+from klbook_grader import student
+from klbook_grader.grader import grade
+from klbook_grader.hidden import bank
+from klbook_grader.hidden import ex13
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 EX = "ex13_kl_as_a_tool"
 
 

@@ -1,11 +1,11 @@
 """Exercise 15 on exploration, anchors and the shape of the optimum.
 
-The reference solutions (plain loops, in klbook_lib/grading/hidden/ex15_exploration.py) are checked
+The reference solutions (plain loops, in klbook_grader/hidden/ex15_exploration.py) are checked
 against the chapter's library (klbook_lib.shape, klbook_lib.optimal), which they do not call, and
 against scipy, torch and finite differences; the public check() passes the master; ``klbook start
 ex15`` and the grader find the exercise by its number; and classic wrong answers, graded by the real
 grader in its sandbox, lose their points. That the master scores full marks and the student copy
-zero is tested for every registered exercise, this one included, in tests/test_exercises.py.
+zero is tested for every registered exercise, this one included, in tests/grader/test_exercises.py.
 """
 from __future__ import annotations
 
@@ -22,15 +22,15 @@ from scipy.special import rel_entr, softmax
 from scipy.stats import entropy as scipy_entropy
 
 from klbook_lib import optimal, shape
-from klbook_lib.grading import checker_for
-from klbook_lib.grading.grader import grade
-from klbook_lib.grading.hidden import bank
-from klbook_lib.grading.hidden import ex15_exploration as ex
+from klbook_grader import checker_for
+from klbook_grader.grader import grade
+from klbook_grader.hidden import bank
+from klbook_grader.hidden import ex15_exploration as ex
 
 from grading_helpers import replace_function
 
 EX = "ex15_exploration_anchors_optimum"
-MASTER = Path(__file__).resolve().parents[1] / "exercises" / "masters" / f"{EX}.ipynb"
+MASTER = Path(__file__).resolve().parents[2] / "exercises" / "masters" / f"{EX}.ipynb"
 
 
 def _cases(qid):
@@ -44,7 +44,7 @@ def _master_cells() -> list[str]:
 
 def test_registered_with_mixed_kinds_and_explained_letters():
     qs = bank.questions(EX)
-    assert EX in bank.exercise_names()          # so tests/test_exercises.py grades master and stub
+    assert EX in bank.exercise_names()          # so tests/grader/test_exercises.py grades master and stub
     assert [q.id for q in qs] == [f"q{i}" for i in range(1, 9)]
     assert {q.kind for q in qs} == {"function", "value", "choice"}
     assert sum(q.points for q in qs) == 21
@@ -180,8 +180,8 @@ def test_public_check_passes_the_master():
 
 
 def test_start_and_the_grader_find_ex15_by_its_number(tmp_path):
-    from klbook_lib.grading.grader import find_exercise
-    from klbook_lib.grading.start import resolve, start
+    from klbook_grader.grader import find_exercise
+    from klbook_grader.start import resolve, start
 
     assert resolve("ex15") == resolve("15") == EX
     path = start("ex15", tmp_path)

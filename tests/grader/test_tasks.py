@@ -1,4 +1,4 @@
-"""The end-to-end exercise tasks (klbook_lib.tasks) and the hooks they plug into.
+"""The end-to-end exercise tasks (klbook_grader.tasks) and the hooks they plug into.
 
 * the pluggable pieces of the book's trainers (``PPOConfig.policy_loss_fn`` in
   ``klbook_lib.ppo``, ``reward_fn``/``advantage_fn`` in ``klbook_lib.rlhf.ppo``, ``loss_fn`` of
@@ -26,12 +26,12 @@ import pytest
 import torch
 
 from klbook_lib import ppo, seqkl
-from klbook_lib.grading import compare, student
-from klbook_lib.grading.hidden import bank
-from klbook_lib.grading.hidden import reference as R
-from klbook_lib.tasks import cartpole_kl, micro_rlhf, token_trainer as tt
+from klbook_grader import compare, student
+from klbook_grader.hidden import bank
+from klbook_grader.hidden import reference as R
+from klbook_grader.tasks import cartpole_kl, micro_rlhf, token_trainer as tt
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 torch.set_num_threads(1)
 
 
@@ -272,7 +272,7 @@ def test_micro_judges_measure_the_returned_policy():
 def test_micro_pipeline_build_is_deterministic_across_processes():
     """The grader judges the sandbox's run against its own build of the reference: both must be
     the same weights. A fresh process with one OpenMP thread (as in the sandbox) rebuilds it."""
-    code = ("from klbook_lib.tasks import micro_rlhf as m; "
+    code = ("from klbook_grader.tasks import micro_rlhf as m; "
             "print(repr(m.fingerprint(m.build(0))))")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
@@ -375,8 +375,8 @@ def test_exact_answers_get_no_tolerance_formula():
 
 
 def test_klbook_start_writes_a_copy_outside_the_repository(tmp_path, capsys):
-    from klbook_lib.cli import main
-    from klbook_lib.grading.start import StartError, resolve, start
+    from klbook_grader.cli import main
+    from klbook_grader.start import StartError, resolve, start
 
     assert resolve("4") == resolve("ex04") == resolve("ex04_estimating_kl") == "ex04_estimating_kl"
     path = start("ex04", tmp_path / "work")
@@ -406,8 +406,8 @@ def _cjk_and_latin(text: str) -> tuple[int, int]:
 
 
 def test_klbook_start_in_chinese_translates_the_text_and_keeps_the_code(tmp_path):
-    from klbook_lib.cli import main
-    from klbook_lib.grading.start import StartError, available, catalogue, start, translate_markdown
+    from klbook_grader.cli import main
+    from klbook_grader.start import StartError, available, catalogue, start, translate_markdown
 
     en = json.loads(start("ex04", tmp_path / "en").read_text())
     zh_path = start("ex04", tmp_path / "zh", lang="zh")
@@ -440,8 +440,8 @@ def test_klbook_start_in_chinese_translates_the_text_and_keeps_the_code(tmp_path
 
 
 def test_a_chinese_exercise_notebook_grades_as_the_english_one(tmp_path):
-    from klbook_lib.grading.grader import grade
-    from klbook_lib.grading.start import catalogue, translate_markdown
+    from klbook_grader.grader import grade
+    from klbook_grader.start import catalogue, translate_markdown
 
     name = "ex04_estimating_kl"
     messages = catalogue(name)
@@ -464,7 +464,7 @@ def test_a_chinese_exercise_notebook_grades_as_the_english_one(tmp_path):
 
 
 def test_outcome_checks_skip_training_while_grading(monkeypatch, capsys):
-    from klbook_lib.grading import checker
+    from klbook_grader import checker
 
     calls = []
 

@@ -1,6 +1,6 @@
 """Project 3 (project3_grpo_kl): GRPO with a choice of KL placement on the enumerable sequence model.
 
-1. The references of klbook_lib/grading/hidden/project3.py (plain loops, gradients in closed form)
+1. The references of klbook_grader/hidden/project3.py (plain loops, gradients in closed form)
    against independent ones: the library's GRPO (klbook_lib.rlhf.grpo), the library's estimators and
    exact expected gradients (klbook_lib.seqkl), finite differences, hand-computed cases; the answer
    of the choice question checked with seqkl; the task's probe and problem against plain sums.
@@ -12,7 +12,7 @@
 4. The tooling: the file name tells the exercise, ``klbook start project3``, the CSV's report row,
    the shipped student notebook and task module name no trap; wrapping the library's exact gradient
    in the notebook is refused by the sandbox and scores zero (a grader run, about 5 s).
-Master full marks and stub zero are in tests/test_exercises.py (they cover every exercise).
+Master full marks and stub zero are in tests/grader/test_exercises.py (they cover every exercise).
 """
 from __future__ import annotations
 
@@ -25,17 +25,17 @@ import pytest
 import torch
 
 from klbook_lib import seqkl
-from klbook_lib.grading import batch as B
-from klbook_lib.grading import compare, start
-from klbook_lib.grading.grader import _score_question, find_exercise
-from klbook_lib.grading.hidden import bank
-from klbook_lib.grading.hidden import project3 as P
-from klbook_lib.grading.hidden.questions import plain
+from klbook_grader import batch as B
+from klbook_grader import compare, start
+from klbook_grader.grader import _score_question, find_exercise
+from klbook_grader.hidden import bank
+from klbook_grader.hidden import project3 as P
+from klbook_grader.hidden.questions import plain
 from klbook_lib.rlhf import grpo as lib_grpo
-from klbook_lib.tasks import grpo_project as task
+from klbook_grader.tasks import grpo_project as task
 
 EX = "project3_grpo_kl"
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MASTER = REPO / "exercises" / "masters" / f"{EX}.ipynb"
 STUDENT = REPO / "exercises" / f"{EX}.ipynb"
 
@@ -398,7 +398,7 @@ def test_klbook_start_copies_the_project(tmp_path):
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-m", "klbook_lib.cli", "start", "project3", str(tmp_path / "work")],
+    proc = subprocess.run([sys.executable, "-m", "klbook_grader.cli", "start", "project3", str(tmp_path / "work")],
                           capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     nb = nbformat.read(tmp_path / "work" / f"{EX}.ipynb", as_version=4)
@@ -414,7 +414,7 @@ def test_the_shipped_files_name_no_trap():
     """The student notebook and the task module (both in the release) say what to do, not which
     mistakes the hidden cases catch."""
     text = "\n".join(c.source for c in nbformat.read(STUDENT, as_version=4).cells)
-    text += (REPO / "klbook_lib" / "tasks" / "grpo_project.py").read_text(encoding="utf-8")
+    text += (REPO / "klbook_grader" / "tasks" / "grpo_project.py").read_text(encoding="utf-8")
     for word in TRAP_WORDS:
         assert word not in text.lower(), word
     assert "BEGIN SOLUTION" not in text
@@ -422,14 +422,14 @@ def test_the_shipped_files_name_no_trap():
 
 def test_the_cells_cannot_import_the_exact_sums():
     """The task module the cells import reaches seqkl only inside its functions."""
-    from klbook_lib.grading import sandbox
+    from klbook_grader import sandbox
 
     closure = sandbox.library_closure(_question("q1").library)
     assert closure == (P.TASK,), closure
 
 
 def test_wrapping_the_librarys_exact_gradient_scores_zero(tmp_path):
-    from klbook_lib.grading.grader import grade
+    from klbook_grader.grader import grade
 
     wrapper = '''
 import torch

@@ -3,7 +3,7 @@
 Submissions are built from the ex01 master (12 points: q1 kl_categorical 4, q2
 kl_from_logits 4, q3 a number 2, q4 a letter 2) with cells replaced or added, and each
 test checks that the submission gets exactly the score it deserves. The attacks of
-issue 13 on the sandbox itself are in ``tests/test_sandbox.py``.
+issue 13 on the sandbox itself are in ``tests/grader/test_sandbox.py``.
 """
 from __future__ import annotations
 
@@ -21,14 +21,14 @@ import pytest
 from scipy import integrate, optimize, spatial, stats
 
 from grading_helpers import FULL, WRONG_ANSWERS, master_cells, messages, points, write_nb
-from klbook_lib.grading import compare
-from klbook_lib.grading.grader import GraderError, grade
-from klbook_lib.grading.hidden import bank
-from klbook_lib.grading.hidden import reference as R
+from klbook_grader import compare
+from klbook_grader.grader import GraderError, grade
+from klbook_grader.hidden import bank
+from klbook_grader.hidden import reference as R
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MASTER = REPO / "exercises" / "masters" / "ex01_kl_definition.ipynb"
-KLBOOK = [sys.executable, "-m", "klbook_lib.cli"]
+KLBOOK = [sys.executable, "-m", "klbook_grader.cli"]
 
 
 def replace_cell(cells: list[str], marker: str, new: str | None) -> list[str]:
@@ -296,11 +296,11 @@ def test_redefining_check_changes_nothing(tmp_path):
 
 
 def test_hidden_tests_and_reference_solutions_are_out_of_reach(tmp_path):
-    """The simple attempts (more in tests/test_sandbox.py): each one raises."""
-    hidden = REPO / "klbook_lib" / "grading" / "hidden"
+    """The simple attempts (more in tests/grader/test_sandbox.py): each one raises."""
+    hidden = REPO / "klbook_grader" / "hidden"
     attempts = [
-        "from klbook_lib.grading.hidden.reference import kl_categorical",
-        "from klbook_lib.grading.hidden import bank",
+        "from klbook_grader.hidden.reference import kl_categorical",
+        "from klbook_grader.hidden import bank",
         "import klbook_lib as kb\nkl_categorical = kb.divergences.kl",
         f"bank_source = open({str(hidden / 'bank.py')!r}).read()",
         f"master_source = open({str(MASTER)!r}).read()",
@@ -312,7 +312,7 @@ def test_hidden_tests_and_reference_solutions_are_out_of_reach(tmp_path):
          f"sys.path.insert(0, {str(REPO)!r})\n"
          "for name in [m for m in sys.modules if m.startswith('klbook_lib')]:\n"
          "    del sys.modules[name]\n"
-         "import klbook_lib.grading.hidden.reference as ref\nkl_categorical = ref.kl_categorical"),
+         "import klbook_grader.hidden.reference as ref\nkl_categorical = ref.kl_categorical"),
         f"import subprocess\nsubprocess.run(['cat', {str(hidden / 'bank.py')!r}], check=True)",
         f"import os\nassert os.system('cat {hidden / 'bank.py'}') == 0, 'cat failed'",
     ]
@@ -322,7 +322,7 @@ def test_hidden_tests_and_reference_solutions_are_out_of_reach(tmp_path):
     failed = [n for n in r["notes"] if re.match(r"cell \d+ failed", n)]
     assert len(failed) == len(attempts), r["notes"]        # every attempt raised
     notes = " ".join(r["notes"])
-    assert "import of klbook_lib.grading.hidden refused" in notes
+    assert "import of klbook_grader.hidden refused" in notes
     assert "import of klbook_lib.divergences refused" in notes
     assert "No such file or directory" in notes and "CalledProcessError" in notes
 
@@ -371,7 +371,7 @@ def test_grade_refuses_what_it_cannot_grade(tmp_path):
 
 
 def test_public_check_reports_failures_and_stubs_without_raising(capsys):
-    from klbook_lib.grading import checker_for
+    from klbook_grader import checker_for
 
     check = checker_for("ex01_kl_definition")
 
@@ -556,12 +556,12 @@ def test_numeric_answers_against_independent_computations():
 
 
 def test_the_sandbox_has_no_secret_files():
-    from klbook_lib.grading import sandbox
+    from klbook_grader import sandbox
 
     assert not any("hidden" in f for f in sandbox.PUBLIC_FILES)
     for rel in sandbox.PUBLIC_FILES:
-        assert (sandbox.PACKAGE_DIR / rel).is_file(), rel
-    public = json.loads((REPO / "klbook_lib" / "grading" / "public_cases.json").read_text())
+        assert (sandbox.REPO_DIR / rel).is_file(), rel          # beside each other: klbook_lib/, klbook_grader/
+    public = json.loads((REPO / "klbook_grader" / "public_cases.json").read_text())
     for ex, qs in public.items():
         for qid, q in qs.items():
             assert "answer" not in q and "ref" not in q

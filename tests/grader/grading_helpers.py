@@ -7,9 +7,9 @@ from pathlib import Path
 
 import nbformat
 
-from klbook_lib.grading import grader, student
+from klbook_grader import grader, student
 
-REPO = Path(grader.__file__).resolve().parents[2]      # the checkout whose grader is under test
+REPO = Path(grader.__file__).resolve().parents[1]      # the checkout whose grader is under test
 MASTERS = REPO / "exercises" / "masters"
 
 # full marks of ex01, question by question

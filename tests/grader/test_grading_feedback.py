@@ -19,12 +19,12 @@ import nbformat
 import numpy as np
 import pytest
 
-from klbook_lib.grading import batch as B
-from klbook_lib.grading import checker_for
-from klbook_lib.grading.grader import grade
-from klbook_lib.grading.hidden import bank
+from klbook_grader import batch as B
+from klbook_grader import checker_for
+from klbook_grader.grader import grade
+from klbook_grader.hidden import bank
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MASTERS = REPO / "exercises" / "masters"
 
 
@@ -58,7 +58,7 @@ def test_item7_public_q8_check_gives_the_master_full_credit_in_plain_words():
 
 # ---------------------------------------------------------------- item 8
 def test_item8_a_number_rounded_to_three_figures_passes(tmp_path):
-    from klbook_lib.grading.hidden import reference as R
+    from klbook_grader.hidden import reference as R
 
     exact = float(R.kl_from_logprobs(np.log([0.6, 0.2, 0.1, 0.1]), np.log([0.25] * 4)))
     assert f"{exact:.3g}" == "0.297" and abs(0.297 - exact) / exact > 1e-3     # the case
@@ -80,7 +80,7 @@ def test_item8_a_number_rounded_to_three_figures_passes(tmp_path):
 
 # ---------------------------------------------------------------- item 9
 def test_item9_grpo_master_handles_groups_of_one_and_empty_rows():
-    from klbook_lib.grading.hidden import ex11_sequence as ref
+    from klbook_grader.hidden import ex11_sequence as ref
 
     ns = master_ns("ex11_sequence_kl_grpo")
     mask = np.array([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 0.0]])

@@ -1,6 +1,6 @@
 """Project 1 (project1_ppo_kl): a KL-penalty PPO written from the environment up.
 
-1. The references of klbook_lib/grading/hidden/project1.py (plain loops, numpy) against
+1. The references of klbook_grader/hidden/project1.py (plain loops, numpy) against
    independent ones: a vectorised backward GAE recursion and hand-computed cases, torch
    autograd with ``torch.distributions`` for the loss, scipy's z-score for the normalisation.
 2. Classic wrong pieces, graded by the real grader in its sandbox (the training function stubbed,
@@ -9,7 +9,7 @@
    process: a grading of the whole project takes about a minute here): no KL term, the target
    written in, beta never adapted, one batch reused; and fabricated results score 0.
 4. The tooling: the file name tells the exercise, ``klbook start project1``, the CSV's report row.
-Master full marks and stub zero are in tests/test_exercises.py (they cover every exercise).
+Master full marks and stub zero are in tests/grader/test_exercises.py (they cover every exercise).
 """
 from __future__ import annotations
 
@@ -23,16 +23,16 @@ import pytest
 import scipy.stats
 import torch
 
-from klbook_lib.grading import batch as B
-from klbook_lib.grading import compare, start
-from klbook_lib.grading.grader import find_exercise, grade
-from klbook_lib.grading.hidden import bank
-from klbook_lib.grading.hidden import project1 as P
-from klbook_lib.grading.hidden.questions import plain
-from klbook_lib.tasks import ppo_kl_project as task
+from klbook_grader import batch as B
+from klbook_grader import compare, start
+from klbook_grader.grader import find_exercise, grade
+from klbook_grader.hidden import bank
+from klbook_grader.hidden import project1 as P
+from klbook_grader.hidden.questions import plain
+from klbook_grader.tasks import ppo_kl_project as task
 
 EX = "project1_ppo_kl"
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MASTER = REPO / "exercises" / "masters" / f"{EX}.ipynb"
 
 

@@ -29,13 +29,13 @@ import nbformat
 import numpy as np
 import pytest
 
-from klbook_lib.grading import batch as B
-from klbook_lib.grading import release as R
-from klbook_lib.grading.grader import grade
+from klbook_grader import batch as B
+from klbook_grader import release as R
+from klbook_grader.grader import grade
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MASTERS = REPO / "exercises" / "masters"
-KLBOOK = [sys.executable, "-m", "klbook_lib.cli"]
+KLBOOK = [sys.executable, "-m", "klbook_grader.cli"]
 EX = ("ex01_kl_definition", "ex04_estimating_kl", "ex05_kl_in_practice")
 INJECTION = "=cmd|' -C calc'!A0"            # a folder name a spreadsheet would run
 BAD_NAME = "eve\x1b[31m\u202e"              # an escape sequence and a bidi override
@@ -408,17 +408,17 @@ def _solution_lines() -> set[str]:
 def test_release_leaves_out_masters_hidden_tests_and_history(released):
     out, stdout = released
     assert not (out / "exercises" / "masters").exists()
-    assert not (out / "klbook_lib" / "grading" / "hidden").exists()
+    assert not (out / "klbook_grader" / "hidden").exists()
     assert not (out / ".git").exists() and not (out / ".venv").exists() and not (out / "_build").exists()
     for t in ("test_grading.py", "test_exercises.py", "test_sandbox.py", "test_instructor.py"):
-        assert not (out / "tests" / t).exists(), t
+        assert not (out / "tests" / "grader" / t).exists(), t
     assert not list(out.rglob("__pycache__")) and not list(out.rglob("*.pyc"))
     for path in (out / "tests").glob("*.py"):
         assert "grading.hidden import" not in path.read_text() and \
-            "from klbook_lib.grading.hidden" not in path.read_text(), path
+            "from klbook_grader.hidden" not in path.read_text(), path
     # what a student needs is there
     for rel in ["Makefile", "requirements.txt", "pyproject.toml", "_toc.yml", "_config.yml",
-                "klbook_lib/grading/public_cases.json", "klbook_lib/grading/checker.py"]:
+                "klbook_grader/public_cases.json", "klbook_grader/checker.py"]:
         assert (out / rel).is_file(), rel
     assert sorted(p.name for p in (out / "chapters").glob("*.ipynb")) == \
         sorted(p.name for p in (REPO / "chapters").glob("*.ipynb"))
@@ -442,7 +442,7 @@ def test_release_contains_no_solution_line(released):
 
 
 def test_release_contains_no_hidden_expected_value_or_choice(released):
-    from klbook_lib.grading.hidden import bank
+    from klbook_grader.hidden import bank
 
     out, _ = released
     texts = _texts(out)
@@ -496,7 +496,7 @@ def test_release_works_for_a_student(released):
     out, _ = released
     # the library is the release's own, and it has no hidden package
     p = _run_in_release(out, "import importlib.util, klbook_lib\nprint(klbook_lib.__file__)\n"
-                             "print(importlib.util.find_spec('klbook_lib.grading.hidden'))")
+                             "print(importlib.util.find_spec('klbook_grader.hidden'))")
     assert p.returncode == 0, p.stderr
     assert p.stdout.split() == [str(out / "klbook_lib" / "__init__.py"), "None"]
     # a chapter's imports
@@ -509,7 +509,7 @@ def test_release_works_for_a_student(released):
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip().endswith(str(out / "klbook_lib" / "__init__.py"))
     # the public check: the master's answers pass every public case, the stubs are "not implemented"
-    spec = json.loads((out / "klbook_lib" / "grading" / "public_cases.json").read_text())[EX[0]]
+    spec = json.loads((out / "klbook_grader" / "public_cases.json").read_text())[EX[0]]
     runner = "import json, sys\nfor src in json.load(sys.stdin):\n    exec(src, globals())\n"
     for cells, want in [(code_cells(MASTERS / f"{EX[0]}.ipynb"),
                          [f"{len(spec[q]['cases'])}/{len(spec[q]['cases'])} public cases pass"
@@ -525,7 +525,7 @@ def test_release_works_for_a_student(released):
         assert "FAILED" not in p.stdout
     # the instructor commands say why they cannot run here
     for args in (["grade", f"{EX[0]}.ipynb"], ["release", str(out.parent / "again")]):
-        p = _run_in_release(out, f"import sys\nfrom klbook_lib.cli import main\nsys.exit(main({args!r}))")
+        p = _run_in_release(out, f"import sys\nfrom klbook_grader.cli import main\nsys.exit(main({args!r}))")
         assert p.returncode == 2 and "instructor's full repository" in p.stderr, p.stderr
 
 
@@ -533,7 +533,7 @@ def test_klbook_start_works_in_the_release(released, tmp_path):
     """``klbook start`` (a working copy of an exercise, issue 14) must not need the masters."""
     out, _ = released
     env = {**os.environ, "PYTHONPATH": str(out), "HOME": str(tmp_path), "OMP_NUM_THREADS": "1"}
-    code = "import sys\nfrom klbook_lib.cli import main\nsys.exit(main(sys.argv[1:]))"
+    code = "import sys\nfrom klbook_grader.cli import main\nsys.exit(main(sys.argv[1:]))"
     p = subprocess.run([sys.executable, "-c", code, "start", "--help"], cwd=tmp_path, env=env,
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr

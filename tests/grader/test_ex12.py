@@ -1,7 +1,7 @@
 """Exercise 12 ("over-optimisation and distillation"): reference solutions against independent
 computations, and the master, the student stub and plausible wrong answers under the grader.
 
-The references (plain numpy in klbook_lib/grading/hidden/ex12.py) are checked against brute-force
+The references (plain numpy in klbook_grader/hidden/ex12.py) are checked against brute-force
 enumeration of every n-tuple of draws and every subset of a pool, against torch.distributions on
 padded batches, and against klbook_lib.rlhf.overopt / distill, which have their own tests.
 """
@@ -18,12 +18,12 @@ import pytest
 import torch
 from torch.distributions import Categorical, kl_divergence
 
-from klbook_lib.grading import student
-from klbook_lib.grading.grader import grade
-from klbook_lib.grading.hidden import bank, ex12
+from klbook_grader import student
+from klbook_grader.grader import grade
+from klbook_grader.hidden import bank, ex12
 from klbook_lib.rlhf import distill, overopt
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 EX = "ex12_overoptimisation_distillation"
 
 
