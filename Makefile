@@ -41,9 +41,10 @@ $(STAMP): requirements.txt pyproject.toml
 	touch $(STAMP)
 
 # the notebooks run first, $(JOBS) at a time, into the jupyter-cache (tools/execute_book.py:
-# only those whose code the cache lacks); the build then executes nothing itself
+# only those whose code, library modules or requirements changed since their cached run);
+# a failing notebook stops here; the build then executes nothing itself
 book: setup
-	-$(OFFLINE) $(PY) tools/execute_book.py --jobs $(JOBS)
+	$(OFFLINE) $(PY) tools/execute_book.py --jobs $(JOBS)
 	KLBOOK_ZH=1 $(OFFLINE) $(JB) build . $(JBFLAGS)
 	$(OFFLINE) $(PY) tools/i18n.py build
 	@echo
