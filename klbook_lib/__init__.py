@@ -16,6 +16,7 @@ its own beside this one, ``klbook_grader``; nothing here imports it.
     optimal       the optimal policy of the KL-regularised objective
     vi            a small latent-variable model: evidence, posterior, ELBO
     dpo           direct preference optimisation
+    objectives    objectives several modules share, written once (the DPO loss)
     runtime       device, thread and size settings shared by the notebooks
     seqkl         exact sequence-level KL and its gradients on an enumerable autoregressive policy
     diagnostics   KL as a tool: exploration gauge, phases of a KL trajectory, averaging conventions
@@ -40,7 +41,7 @@ __version__ = "0.1.0"
 _SUBMODULES = (
     "divergences", "estimators", "fitting", "controllers", "envs", "ppo", "monitor",
     "rlhf", "dpo", "runtime", "optimal", "vi", "trpo", "display",
-    "seqkl", "diagnostics", "stats", "optim", "bench", "offpolicy", "shape",
+    "seqkl", "diagnostics", "stats", "optim", "bench", "offpolicy", "shape", "objectives",
 )
 
 
@@ -48,7 +49,7 @@ _NAMES = {
     "kl": "divergences", "kl_from_logits": "divergences", "gaussian_kl": "divergences",
     "js": "divergences", "total_variation": "divergences",
     "k1": "estimators", "k2": "estimators", "k3": "estimators",
-    "optimal_policy": "optimal", "dpo_loss": "dpo",
+    "optimal_policy": "optimal", "dpo_loss": "objectives",
 }
 
 

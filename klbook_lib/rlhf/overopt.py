@@ -48,6 +48,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from ..divergences import kl_from_log_probs
 from .checks import check_seeds
 from .pipeline import atomic_build, cache_dir_for, cached_json
 
@@ -129,8 +130,8 @@ def bon_kl(probs, scores, n) -> float:
     """Exact ``KL(pi_bon || pi)`` of best-of-``n`` on a discrete space (nats)."""
     p, _ = _check_probs_scores(probs, scores)
     q = bon_distribution(probs, scores, n)
-    on = q > 0
-    return float(np.sum(q[on] * (np.log(q[on]) - np.log(p[on]))))
+    with np.errstate(divide="ignore"):
+        return float(kl_from_log_probs(np.log(q), np.log(p)))
 
 
 def bon_weights(m, n) -> np.ndarray:
