@@ -78,6 +78,16 @@ def _imported(tree: ast.AST, package: str) -> tuple[set[str], bool]:
             for a in node.names:
                 found.add(f"{base}.{a.name}")
                 aliases[a.asname or a.name] = f"{base}.{a.name}"
+    for _ in range(2):                    # E = kb.estimators: E is an alias of that module too
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Assign) and len(node.targets) == 1
+                    and isinstance(node.targets[0], ast.Name) and isinstance(node.value, ast.Attribute)):
+                chain, value = [], node.value
+                while isinstance(value, ast.Attribute):
+                    chain.insert(0, value.attr)
+                    value = value.value
+                if isinstance(value, ast.Name) and value.id in aliases:
+                    aliases.setdefault(node.targets[0].id, ".".join([aliases[value.id], *chain]))
     dynamic = False
     attribute_values = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
     for node in ast.walk(tree):
