@@ -9,7 +9,7 @@
   whether the repository exists cannot be checked offline, so set it only for a
   published repository.
 * **A downloaded notebook can run.** Every chapter imports ``klbook_lib``. The HTML
-  build writes a wheel of it (hidden grading tests left out) and the pinned
+  build writes a wheel of it (the book's library alone: the grader, klbook_grader, stays out) and the pinned
   ``requirements.txt`` into ``downloads/`` of the site; the directive
   ``{klbook-install}`` (used on the landing page) prints the exact commands, and the
   download menu of every notebook page says that the notebook needs ``klbook_lib`` and
