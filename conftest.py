@@ -37,6 +37,15 @@ def _site_module():
 text_only_figures = _site_module().text_only_figures
 
 
+def _deps_hash(path: str) -> str:
+    """What the notebook's outputs depend on besides its code (tools/execute_book.py's
+    deps_hash: the library modules it imports, requirements.txt), recorded with its run."""
+    spec = importlib.util.spec_from_file_location("klbook_execute_book", ROOT / "tools" / "execute_book.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.deps_hash(Path(path))
+
+
 def _is_nbval_cell(item) -> bool:
     return type(item).__name__ == "IPyNbCell" and hasattr(item, "cell")
 
@@ -85,7 +94,8 @@ def pytest_sessionfinish(session, exitstatus):
         for attempt in range(5):
             try:
                 cache.cache_notebook_bundle(
-                    CacheBundleIn(executed, path, data={"execution_seconds": seconds}),
+                    CacheBundleIn(executed, path, data={"execution_seconds": seconds,
+                                                        "klbook_deps": _deps_hash(path)}),
                     check_validity=False, overwrite=True,
                 )
                 break

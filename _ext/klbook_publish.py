@@ -9,7 +9,7 @@
   whether the repository exists cannot be checked offline, so set it only for a
   published repository.
 * **A downloaded notebook can run.** Every chapter imports ``klbook_lib``. The HTML
-  build writes a wheel of it (hidden grading tests left out) and the pinned
+  build writes a wheel of it (the book's library alone: the grader, klbook_grader, stays out) and the pinned
   ``requirements.txt`` into ``downloads/`` of the site; the directive
   ``{klbook-install}`` (used on the landing page) prints the exact commands, and the
   download menu of every notebook page says that the notebook needs ``klbook_lib`` and
@@ -42,8 +42,9 @@ COLAB_URL = "https://colab.research.google.com"
 LAUNCH_KEYS = ("binderhub_url", "jupyterhub_url", "colab_url", "deepnote_url", "jupyterlite_url")
 DOWNLOADS = "downloads"
 RUN_ANCHOR = "running-the-notebooks-yourself"
-# left out of the published wheel: reference solutions and hidden tests of the grader
-WHEEL_EXCLUDE = ("grading/hidden",)
+# what the published wheel holds: the book's library only (the grader, ``klbook_grader``,
+# with its hidden tests and reference solutions, is the instructor's and stays out)
+WHEEL_PACKAGES = ("klbook_lib",)
 
 
 # ----------------------------------------------------------------- repository buttons
@@ -113,26 +114,43 @@ def wheel_name(root: Path = ROOT) -> str:
     return f"{name}-{project['version']}-py3-none-any.whl"
 
 
+def wheel_pyproject(text: str) -> str:
+    """The repository's ``pyproject.toml`` for the readers' wheel: its tables that name the
+    grader (``[project.scripts]``: the ``klbook`` command; ``[tool.setuptools.package-data]``)
+    dropped, the packages found being :data:`WHEEL_PACKAGES` only."""
+    out, skipping = [], False
+    for line in text.splitlines(keepends=True):
+        header = line.strip()
+        if header.startswith("[") and header.endswith("]"):
+            skipping = header in ("[project.scripts]", "[tool.setuptools.package-data]")
+            if header == "[tool.setuptools.packages.find]":
+                out += [line, f"include = {list(WHEEL_PACKAGES) + [p + '.*' for p in WHEEL_PACKAGES]!r}\n\n".replace("'", '"')]
+                skipping = True
+                continue
+        if not skipping:
+            out.append(line)
+    return "".join(out)
+
+
 def build_wheel(dest: Path, root: Path = ROOT) -> Path:
     """Build klbook_lib's wheel offline into ``dest``; return its path.
 
     The package is copied to a scratch folder first (the build writes ``build/`` and
-    ``*.egg-info`` next to the sources), without its hidden grading tests, and built
-    with the running interpreter's pip and setuptools (no download, no isolation).
+    ``*.egg-info`` next to the sources), alone: the grader package beside it and the
+    ``klbook`` command (the grader's) stay out of the scratch copy's ``pyproject.toml``; it
+    is built with the running interpreter's pip and setuptools (no download, no isolation).
     """
     dest.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="klbook-wheel-") as tmp:
         src = Path(tmp) / "src"
         src.mkdir()
-        shutil.copy2(root / "pyproject.toml", src / "pyproject.toml")
-        skip = {str(Path("klbook_lib") / p) for p in WHEEL_EXCLUDE}
+        (src / "pyproject.toml").write_text(wheel_pyproject((root / "pyproject.toml").read_text()))
 
         def ignore(folder, names):
-            rel = Path(folder).resolve().relative_to(root.resolve())
-            return [n for n in names if n == "__pycache__" or n.endswith(".pyc")
-                    or str(rel / n) in skip]
+            return [n for n in names if n == "__pycache__" or n.endswith(".pyc")]
 
-        shutil.copytree(root / "klbook_lib", src / "klbook_lib", ignore=ignore)
+        for package in WHEEL_PACKAGES:
+            shutil.copytree(root / package, src / package, ignore=ignore)
         out = Path(tmp) / "out"
         cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
                "--no-index", "--quiet", "--wheel-dir", str(out), str(src)]

@@ -1,6 +1,8 @@
 """klbook_lib: the tested library behind *KL in RL, an executable textbook*.
 
 The book and the library speak the same names: each module is one idea of the book.
+The exercises' grader (``klbook grade``, its hidden tests and training tasks) is a package of
+its own beside this one, ``klbook_grader``; nothing here imports it.
 
     divergences   KL and its relatives between explicit distributions
     estimators    k1, k2, k3: estimating KL(p||q) from samples x ~ p
@@ -14,7 +16,7 @@ The book and the library speak the same names: each module is one idea of the bo
     optimal       the optimal policy of the KL-regularised objective
     vi            a small latent-variable model: evidence, posterior, ELBO
     dpo           direct preference optimisation
-    grading       the exercises' checker and autograder (``klbook grade``)
+    objectives    objectives several modules share, written once (the DPO loss)
     runtime       device, thread and size settings shared by the notebooks
     seqkl         exact sequence-level KL and its gradients on an enumerable autoregressive policy
     diagnostics   KL as a tool: exploration gauge, phases of a KL trajectory, averaging conventions
@@ -23,6 +25,7 @@ The book and the library speak the same names: each module is one idea of the bo
     optim         optimisers for seed-batched (ensemble) parameters
     bench         benchmarks run from the command line (``python -m klbook_lib.bench``)
     shape         the shape of the KL-regularised optimum, entropy collapse, moving anchors, preference links
+    offpolicy     off-policy KL: attached ratios, train-inference mismatch, trust regions
 
 Submodules are imported on first use, so ``import klbook_lib as kb`` is cheap and
 ``kb.divergences.kl`` works. The most used functions are also available at the top:
@@ -37,8 +40,8 @@ __version__ = "0.1.0"
 
 _SUBMODULES = (
     "divergences", "estimators", "fitting", "controllers", "envs", "ppo", "monitor",
-    "rlhf", "dpo", "runtime", "grading", "optimal", "vi", "trpo", "display",
-    "seqkl", "diagnostics", "stats", "optim", "bench", "offpolicy", "shape",
+    "rlhf", "dpo", "runtime", "optimal", "vi", "trpo", "display",
+    "seqkl", "diagnostics", "stats", "optim", "bench", "offpolicy", "shape", "objectives",
 )
 
 
@@ -46,7 +49,7 @@ _NAMES = {
     "kl": "divergences", "kl_from_logits": "divergences", "gaussian_kl": "divergences",
     "js": "divergences", "total_variation": "divergences",
     "k1": "estimators", "k2": "estimators", "k3": "estimators",
-    "optimal_policy": "optimal", "dpo_loss": "dpo",
+    "optimal_policy": "optimal", "dpo_loss": "objectives",
 }
 
 

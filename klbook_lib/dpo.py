@@ -14,7 +14,7 @@ the policy ``pi_theta`` and maximising the likelihood of the labels gives the DP
 whose *implicit rewards* are ``beta log(pi_theta(y|x) / pi_ref(y|x))``. No reward model is
 trained and no response is sampled during training.
 
-The module has the loss (:func:`dpo_loss`), the sequence log-probabilities it needs
+The module has the loss (:func:`dpo_loss`, written in :mod:`klbook_lib.objectives`), the sequence log-probabilities it needs
 (:func:`sequence_logps`), the batching of preference pairs (:func:`encode_pairs`) and a
 trainer for the tiny GPT-2 demo of :mod:`klbook_lib.rlhf` (:func:`train_dpo`), and
 :func:`train_dpo_seeds`, which trains many seeds in one process and computes the reference
@@ -28,8 +28,11 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
-import torch.nn.functional as F
 from tqdm import tqdm
+
+# the loss is written in klbook_lib.objectives (the tabular code of chapter 15 calls it without
+# importing this trainer); it is re-exported here, where the book introduces it
+from .objectives import dpo_loss
 
 __all__ = [
     "dpo_loss",
@@ -42,51 +45,6 @@ __all__ = [
     "train_dpo",
     "train_dpo_seeds",
 ]
-
-
-# --------------------------------------------------------------------------- the loss
-
-def dpo_loss(
-    policy_chosen_logps: torch.Tensor,
-    policy_rejected_logps: torch.Tensor,
-    ref_chosen_logps: torch.Tensor,
-    ref_rejected_logps: torch.Tensor,
-    beta: float,
-    reduction: str = "mean",
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The DPO loss of a batch of pairs and the implicit rewards.
-
-    Inputs are sequence log-probabilities ``log pi(y|x)`` (summed over the response's
-    tokens), one per pair, shape ``[B]``. Returns ``(loss, chosen_rewards,
-    rejected_rewards)``: ``loss`` is the batch mean of
-    ``-log sigmoid(beta * ((pc - rc) - (pr - rr)))`` (a scalar with gradients), and the
-    rewards ``beta * (pc - rc)`` and ``beta * (pr - rr)`` are ``[B]`` tensors detached
-    from the graph (for logging). Only the policy log-probs should require gradients;
-    the reference ones are constants. ``reduction="none"`` returns the per-pair losses
-    ``[B]`` instead of their mean (``"sum"``: their sum), e.g. to weight pairs.
-    """
-    if reduction not in ("mean", "sum", "none"):
-        raise ValueError(f"reduction: must be 'mean', 'sum' or 'none', got {reduction!r}")
-    if not isinstance(beta, (int, float)) or not math.isfinite(beta) or beta <= 0:
-        raise ValueError(f"beta: must be a finite number > 0, got {beta!r}")
-    names = ("policy_chosen_logps", "policy_rejected_logps", "ref_chosen_logps", "ref_rejected_logps")
-    tensors = (policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps)
-    for name, t in zip(names, tensors):
-        if not isinstance(t, torch.Tensor):
-            raise ValueError(f"{name}: must be a torch.Tensor, got {type(t).__name__}")
-        if t.ndim != 1:
-            raise ValueError(f"{name}: must be 1-D (one log-prob per pair), got shape {tuple(t.shape)}")
-        if t.shape != policy_chosen_logps.shape:
-            raise ValueError(f"{name}: shape {tuple(t.shape)} differs from policy_chosen_logps "
-                             f"shape {tuple(policy_chosen_logps.shape)}")
-        if t.numel() == 0:
-            raise ValueError(f"{name}: empty batch")
-    chosen_log_ratio = policy_chosen_logps - ref_chosen_logps
-    rejected_log_ratio = policy_rejected_logps - ref_rejected_logps
-    logits = beta * (chosen_log_ratio - rejected_log_ratio)
-    losses = -F.logsigmoid(logits)
-    loss = losses.mean() if reduction == "mean" else losses.sum() if reduction == "sum" else losses
-    return loss, (beta * chosen_log_ratio).detach(), (beta * rejected_log_ratio).detach()
 
 
 # --------------------------------------------------------------------------- log-probabilities
@@ -303,7 +261,7 @@ def train_dpo(pipeline, beta: float = 0.1, steps: int = 200, seed: int = 0,
     with a fixed seed and report the exact ``KL(pi_theta || pi_ref)`` per sequence.
     ``loss_fn(policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps,
     beta)``, if given, replaces :func:`dpo_loss` in the training step (e.g. an exercise's own
-    loss, :mod:`klbook_lib.tasks.micro_rlhf`): it returns the per-pair losses ``[B]`` (or their
+    loss, :mod:`klbook_grader.tasks.micro_rlhf`): it returns the per-pair losses ``[B]`` (or their
     mean), whose mean is minimised; the logged rewards are still ``beta`` times the log-ratios.
     Dropout is switched off on the policy and on ``pi_ref`` (a GPT-2 checkpoint ships with it on).
     """

@@ -34,7 +34,7 @@ from .divergences import kl_from_logits
 
 __all__ = [
     "log_ratio", "k1", "k2", "k3", "k1_from_log_ratio", "k2_from_log_ratio", "k3_from_log_ratio",
-    "FROM_LOG_RATIO", "estimate_from_log_ratio", "ESTIMATORS", "k3_swapped", "exact_kl_categorical", "ema", "loss_gradients",
+    "FROM_LOG_RATIO", "estimate_from_log_ratio", "kl_per_token", "ESTIMATORS", "k3_swapped", "exact_kl_categorical", "ema", "loss_gradients",
 ]
 
 
@@ -159,6 +159,26 @@ def estimate_from_log_ratio(lr, estimator: str):
     if estimator not in FROM_LOG_RATIO:
         raise ValueError(f"estimator: must be one of {tuple(FROM_LOG_RATIO)}, got {estimator!r}")
     return FROM_LOG_RATIO[estimator](lr)
+
+
+def kl_per_token(logprobs, ref_logprobs, estimator: str = "k1"):
+    """Per-token k1, k2 or k3 of ``KL(pi_theta || pi_ref)`` from the log-probabilities of
+    tokens sampled from ``pi_theta`` (torch tensors of one shape, e.g. ``[B, T]``).
+
+    With ``l = logprobs - ref_logprobs`` (so ``pi_ref / pi_theta = exp(-l)``): ``k1 = l``
+    (unbiased, can be negative for one token), ``k2 = l**2 / 2`` (biased, >= 0),
+    ``k3 = exp(-l) - 1 + l`` (unbiased, >= 0). Elementwise, no masking, differentiable in
+    ``logprobs``. The library's one per-token wrapper: the RLHF rewards
+    (:mod:`klbook_lib.rlhf.rewards`, which re-exports it), the enumerable sequence model
+    (:mod:`klbook_lib.seqkl`) and :mod:`klbook_lib.offpolicy` call it.
+    """
+    if not (_is_torch(logprobs) and _is_torch(ref_logprobs)):
+        raise ValueError("logprobs, ref_logprobs: expected torch tensors")
+    if logprobs.shape != ref_logprobs.shape:
+        raise ValueError(f"ref_logprobs: shape {tuple(ref_logprobs.shape)} does not match logprobs "
+                         f"shape {tuple(logprobs.shape)}")
+    # the estimators' log-ratio is log(pi_ref / pi_theta) = -l (tokens sampled from pi_theta)
+    return estimate_from_log_ratio(ref_logprobs - logprobs, estimator)
 
 
 def k1(logp, logq, clamp: float | None = None):

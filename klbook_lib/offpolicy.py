@@ -63,7 +63,7 @@ import torch
 
 from . import seqkl
 from .divergences import kl_from_log_probs
-from .estimators import k3_from_log_ratio
+from .estimators import k3_from_log_ratio, kl_per_token
 
 __all__ = [
     "LEVELS", "IS_CORRECTIONS", "PERTURBATIONS", "TRUST_REGION_RULES",
@@ -137,7 +137,7 @@ def attached_ratio_surrogate(space: seqkl.SequenceSpace, logits: torch.Tensor, r
     ``importance_sampling_level="sequence"``) or ``W(y)`` (``"sequence"``). The ratio is
     computed from ``logits`` and is differentiated; ``behaviour_logits`` (``pi_old``) is
     detached; ``None`` means on-policy (the ratio's value is 1, its gradient is not zero).
-    ``k_t`` is ``seqkl.kl_estimates`` of ``estimator``. Pads contribute nothing.
+    ``k_t`` is ``estimators.kl_per_token`` of ``estimator``. Pads contribute nothing.
     """
     space = _check_space(space)
     _check_choice("estimator", estimator, seqkl.ESTIMATORS)
@@ -149,7 +149,7 @@ def attached_ratio_surrogate(space: seqkl.SequenceSpace, logits: torch.Tensor, r
     else:
         lo = seqkl.token_logprobs(space, _check_table("behaviour_logits", behaviour_logits, space)).detach()
     mask = space.mask
-    k = torch.where(mask, seqkl.kl_estimates(lp, lq, estimator), torch.zeros_like(lp))
+    k = torch.where(mask, kl_per_token(lp, lq, estimator), torch.zeros_like(lp))
     log_ratio = torch.where(mask, lp - lo, torch.zeros_like(lp))
     if level == "token":
         return (log_ratio.exp() * k).sum(1)
@@ -498,7 +498,7 @@ def distillation_advantages(logprobs: torch.Tensor, teacher_logprobs: torch.Tens
             raise ValueError(f"{name}: expected a 2-D tensor [N, T]")
     if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.shape != logprobs.shape:
         raise ValueError(f"mask: expected a boolean tensor of shape {list(logprobs.shape)}")
-    k = seqkl.kl_estimates(logprobs.detach(), teacher_logprobs.detach(), "k1")
+    k = kl_per_token(logprobs.detach(), teacher_logprobs.detach(), "k1")
     k = torch.where(mask, k, torch.zeros_like(k))
     out = torch.zeros_like(k)
     running = torch.zeros_like(k[:, 0])

@@ -23,6 +23,8 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import logsumexp
 
+from .divergences import kl_from_log_probs
+
 __all__ = [
     "optimal_policy",
     "log_optimal_policy",
@@ -73,14 +75,6 @@ def _safe_log(p: np.ndarray) -> np.ndarray:
         return np.log(p)
 
 
-def _kl(p: np.ndarray, q: np.ndarray) -> float:
-    """KL(p || q) = sum_y p log(p/q) with 0 log 0 = 0 and +inf where p > 0 = q."""
-    mask = p > 0
-    if np.any(q[mask] == 0):
-        return float("inf")
-    return float(np.sum(p[mask] * (np.log(p[mask]) - np.log(q[mask]))))
-
-
 # --------------------------------------------------------------------------- closed form
 
 def log_partition(pi_ref, r, beta: float) -> float:
@@ -128,7 +122,7 @@ def objective(pi, pi_ref, r, beta: float) -> float:
         raise ValueError(f"pi: shape {pi.shape} does not match pi_ref shape {pi_ref.shape}")
     r = _check_reward(r, pi_ref.size)
     beta = _check_beta(beta)
-    kl = _kl(pi, pi_ref)
+    kl = float(kl_from_log_probs(_safe_log(pi), _safe_log(pi_ref)))     # +inf where pi > 0 = pi_ref
     if not np.isfinite(kl):
         return float("-inf")
     return float(pi @ r - beta * kl)
@@ -199,7 +193,7 @@ def maximise_objective(
         pi = _softmax(theta)
         hist["step"].append(t)
         hist["objective"].append(objective(pi, pi_ref, r, beta))
-        hist["kl_to_optimum"].append(_kl(pi, pi_star))
+        hist["kl_to_optimum"].append(float(kl_from_log_probs(_safe_log(pi), _safe_log(pi_star))))
 
     record(0)
     for t in range(1, steps + 1):

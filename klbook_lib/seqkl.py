@@ -53,7 +53,7 @@ Functions
 ``exact_kl``              KL(pi_p || pi_q) between two policies, by enumeration
 ``position_kl``           KL of the next-token distributions at each prefix of each sequence
 ``exact_kl_gradient``     grad_theta of KL(pi_theta || pi_ref) (or of the forward KL)
-``kl_estimates``          k1 / k2 / k3 per token
+``kl_per_token``          k1 / k2 / k3 per token (:func:`klbook_lib.estimators.kl_per_token`)
 ``surrogate``             per-sequence surrogate whose gradient is one sample's gradient
 ``expected_surrogate``    its exact expectation under the sampling policy
 ``expected_gradient``     the exact expected gradient of an implementation
@@ -79,12 +79,12 @@ from typing import Iterable, Sequence
 import torch
 
 from .divergences import kl_from_log_probs
-from .estimators import estimate_from_log_ratio
+from .estimators import kl_per_token
 
 __all__ = [
     "ESTIMATORS", "PLACEMENTS", "WEIGHTS", "RETURNS", "SequenceSpace", "sequence_space",
     "random_logits", "token_logprobs", "sequence_logprobs", "exact_kl", "position_kl",
-    "exact_kl_gradient", "kl_estimates", "surrogate", "expected_surrogate",
+    "exact_kl_gradient", "surrogate", "expected_surrogate",
     "expected_gradient", "sample", "gradient_error", "compare_implementations",
     "ON_POLICY_IMPLEMENTATIONS", "AGGREGATIONS", "expected_reward", "optimal_logits",
     "fixed_point_logits", "FIXED_POINT_IMPLEMENTATIONS",
@@ -352,22 +352,6 @@ def exact_kl_gradient(space: SequenceSpace, logits: torch.Tensor, ref_logits: to
 
 
 # --------------------------------------------------------------------------- implementations
-def kl_estimates(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str) -> torch.Tensor:
-    """Per-token k1, k2 or k3 of KL(pi_theta || pi_ref) from the sampled tokens' log-probs.
-
-    With ``l = logprobs - ref_logprobs`` and ``rho = exp(-l)``: ``k1 = l``, ``k2 = l**2 / 2``,
-    ``k3 = rho - 1 + l``. Differentiable in ``logprobs``.
-    """
-    _check_choice("estimator", estimator, ESTIMATORS)
-    if not isinstance(logprobs, torch.Tensor) or not isinstance(ref_logprobs, torch.Tensor):
-        raise ValueError("logprobs, ref_logprobs: expected torch tensors")
-    if logprobs.shape != ref_logprobs.shape:
-        raise ValueError(f"ref_logprobs: shape {tuple(ref_logprobs.shape)} does not match logprobs "
-                         f"shape {tuple(logprobs.shape)}")
-    # the estimators' log-ratio is log(pi_ref / pi_theta) = -l (tokens sampled from pi_theta)
-    return estimate_from_log_ratio(ref_logprobs - logprobs, estimator)
-
-
 def _returns(k: torch.Tensor, mask: torch.Tensor, returns: str) -> torch.Tensor:
     k = torch.where(mask, k, torch.zeros_like(k))
     if returns == "immediate":
@@ -412,7 +396,7 @@ def surrogate(space: SequenceSpace, logits: torch.Tensor, ref_logits: torch.Tens
         lo = lp.detach()
     else:
         lo = token_logprobs(space, _check_logits("behaviour_logits", behaviour_logits, space)).detach()
-    k = torch.where(space.mask, kl_estimates(lp, lq, estimator), torch.zeros_like(lp))
+    k = torch.where(space.mask, kl_per_token(lp, lq, estimator), torch.zeros_like(lp))
     if placement == "reward":
         g = _returns(k.detach(), space.mask, returns) * lp
     else:

@@ -34,7 +34,8 @@ import torch.nn.functional as F
 from scipy.optimize import brentq
 
 from . import seqkl
-from .dpo import dpo_loss
+from .divergences import kl_from_log_probs
+from .objectives import dpo_loss
 from .optimal import optimal_policy
 
 __all__ = [
@@ -118,10 +119,9 @@ def forward_kl_objective(pi, pi_ref, r, beta: float) -> float:
     p, q = _probs(pi, "pi"), _probs(pi_ref, "pi_ref")
     r = _reward(r, q.size)
     beta = _positive("beta", beta)
-    s = q > 0
-    if np.any(p[s] == 0):
-        return float("-inf")
-    return float(p @ r - beta * np.sum(q[s] * (np.log(q[s]) - np.log(p[s]))))
+    with np.errstate(divide="ignore"):
+        kl = float(kl_from_log_probs(np.log(q), np.log(p)))      # +inf where pi = 0 < pi_ref
+    return float("-inf") if math.isinf(kl) else float(p @ r - beta * kl)
 
 
 # --------------------------------------------------------------------------- 2. entropy
@@ -335,7 +335,7 @@ def preference_loss(policy_chosen_logps: torch.Tensor, policy_rejected_logps: to
                     name: str = "dpo") -> torch.Tensor:
     """Mean of ``-log sigmoid(beta [phi(z_w) - phi(z_l)])`` with ``z = pi / pi_ref`` and the link ``name``.
 
-    ``name="dpo"`` is :func:`klbook_lib.dpo.dpo_loss` (called, not copied).
+    ``name="dpo"`` is :func:`klbook_lib.objectives.dpo_loss` (called, not copied).
     """
     if name == "dpo":
         return dpo_loss(policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps, beta)[0]

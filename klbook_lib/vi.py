@@ -36,6 +36,8 @@ import torch
 from scipy.special import logsumexp
 from tqdm import tqdm
 
+from .divergences import kl_from_log_probs
+
 __all__ = [
     "LatentModel",
     "squared_latent_model",
@@ -175,23 +177,24 @@ def _check_q(q, K: int) -> np.ndarray:
     return q / q.sum()
 
 
-def _plogp_ratio(q: np.ndarray, log_target: np.ndarray) -> float:
-    """``sum_k q_k (log q_k - log_target_k)`` with ``0 log 0 = 0``."""
-    m = q > 0
-    return float(np.sum(q[m] * (np.log(q[m]) - log_target[m])))
+def _log(q: np.ndarray) -> np.ndarray:
+    """``log q`` with ``log 0 = -inf`` and no warning."""
+    with np.errstate(divide="ignore"):
+        return np.log(q)
 
 
 def elbo(q, model: LatentModel, x: float) -> float:
     """``ELBO(q) = E_q[log p(x, z) - log q(z)] = E_q[log p(x, z)] + H(q)``."""
     q = _check_q(q, model.K)
-    return -_plogp_ratio(q, model.log_joint(x))
+    # sum_z q (log q - log p(x, z)), the categorical KL's sum against the unnormalised joint
+    return -float(kl_from_log_probs(_log(q), model.log_joint(x)))
 
 
 def kl_to_posterior(q, model: LatentModel, x: float) -> float:
     """The reverse KL ``KL(q || p(z | x))`` from the approximation ``q`` to the posterior."""
     q = _check_q(q, model.K)
     lj = model.log_joint(x)
-    return _plogp_ratio(q, lj - logsumexp(lj))
+    return float(kl_from_log_probs(_log(q), lj - logsumexp(lj)))
 
 
 # --------------------------------------------------------------------------- families and fitting
@@ -297,7 +300,7 @@ def fit_elbo(
     record(0)
     for t in tqdm(range(1, steps + 1), disable=not progress, desc=f"ELBO ({family})"):
         lq = log_q()
-        loss = -(lq.exp() * (log_joint - lq)).sum()  # -ELBO, exact
+        loss = kl_from_log_probs(lq, log_joint)  # -ELBO = sum_z q (log q - log p(x, z)), exact
         opt.zero_grad()
         loss.backward()
         opt.step()

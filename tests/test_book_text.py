@@ -45,7 +45,7 @@ def test_chapter_apparatus(path):
     assert re.search(r"^#+\s*Exercises", text, re.M), "every chapter ends with in-text exercises"
     assert "{exercise}" in text and "{solution}" in text, "in-text exercises with hidden solutions"
     number = path.name[:2]
-    if "no graded notebook" not in text:  # issue 26's new chapters say so (tests/test_exercises.py)
+    if "no graded notebook" not in text:  # issue 26's new chapters say so (tests/grader/test_exercises.py)
         assert re.search(rf"exercises/ex{number}_", text), "link to the graded exercise notebook"
     assert "{glue:" in text, "numbers in prose are glued from code"
 

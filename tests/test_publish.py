@@ -5,7 +5,7 @@
   options, and by building a one-notebook Sphinx project with and without the setting.
 * The site ships klbook_lib as a wheel: built here from the repository, unzipped into a
   temporary folder and imported from there by a fresh interpreter outside the
-  repository (the hidden grading tests are not in it).
+  repository (the grader, klbook_grader, and its hidden tests are not in it).
 * The built site (marked ``browser``: needs ``_build/html``): the wheel and
   ``requirements.txt`` are in ``downloads/``, the landing page gives the commands, the
   download menu of a notebook page says what the notebook needs, and no page links a
@@ -135,8 +135,11 @@ def wheel(tmp_path_factory) -> Path:
 def test_wheel_contents(wheel):
     assert wheel.name == kp.wheel_name()
     names = zipfile.ZipFile(wheel).namelist()
-    assert "klbook_lib/__init__.py" in names and "klbook_lib/grading/public_cases.json" in names
-    assert not [n for n in names if n.startswith("klbook_lib/grading/hidden")], "hidden tests leaked"
+    assert "klbook_lib/__init__.py" in names and "klbook_lib/divergences.py" in names
+    # the readers' wheel holds the book's library only: no grader, no hidden tests, no command
+    assert not [n for n in names if n.startswith("klbook_grader")], "the grader leaked into the wheel"
+    assert {n.split("/")[0] for n in names} == {"klbook_lib", kp.wheel_name().removesuffix("-py3-none-any.whl") + ".dist-info"}
+    assert not [n for n in names if n.endswith("entry_points.txt")], "the wheel installs a command"
     meta = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
     assert "Name: klbook_lib" in meta
 
@@ -154,13 +157,9 @@ def test_wheel_imports_outside_the_repository(wheel, tmp_path):
         expected = 0.5 * math.log(0.5 / 0.9) + 0.5 * math.log(0.5 / 0.1)
         got = float(kb.divergences.kl([0.5, 0.5], [0.9, 0.1]))
         assert abs(got - expected) < 1e-9, (got, expected)
-        import klbook_lib.grading.checker
-        try:
-            import klbook_lib.grading.hidden
-        except ModuleNotFoundError:
-            pass
-        else:
-            raise AssertionError("the published wheel must not carry the hidden tests")
+        import importlib.util
+        spec = importlib.util.find_spec("klbook_grader")
+        assert spec is None or not str(spec.origin).startswith({str(site)!r}), spec
         print("ok")
     """)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONSTARTUP")}

@@ -345,7 +345,7 @@ def test_compare_implementations_rows():
     (lambda: S.gradient_error(torch.ones(2), torch.ones(3)), "g"),
     (lambda: S.compare_implementations(S.sequence_space(2, 2), torch.zeros(3, 2), torch.ones(3, 2), [("k1",)]),
      "implementations"),
-    (lambda: S.kl_estimates(torch.zeros(2), torch.zeros(3), "k1"), "ref_logprobs"),
+    (lambda: S.kl_per_token(torch.zeros(2), torch.zeros(3), "k1"), "ref_logprobs"),
 ])
 def test_bad_inputs(call, match):
     with pytest.raises(ValueError, match=match):

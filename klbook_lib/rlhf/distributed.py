@@ -227,11 +227,6 @@ class DataParallel:
                    else {"broadcast_buffers": False})
         return DDP(model, device_ids=ids, output_device=ids[0] if ids else None, **no_sync)
 
-    @staticmethod
-    def unwrap(model):
-        """The module inside a ``DistributedDataParallel`` wrapper (or ``model`` itself)."""
-        return getattr(model, "module", model)
-
     def barrier(self) -> None:
         if self.device.type == "cuda":
             torch.distributed.barrier(device_ids=[self.device.index])

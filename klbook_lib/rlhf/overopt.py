@@ -32,8 +32,7 @@ Proxy reward models and sample pools (cached next to the pipeline)
                                    training pairs of the pipeline, cached by its settings
 ``sample_pool(pipe, prompts, m, ...)``  ``m`` responses from ``pi_ref`` per prompt, cached
 ``gold_reward_model(rm, tok, prompts)``  a drop-in "reward model" that scores the true reward
-``rl_history(pipe, proxy, beta, steps, seed)``  a PPO run against a proxy (or the gold), cached
-``rl_seed_histories(pipe, proxy, beta, steps, seeds)``  the same on many seeds in one process
+``rl_seed_histories(pipe, proxy, beta, steps, seeds)``  PPO runs against a proxy (or the gold) on many seeds in one process
                                    (:func:`klbook_lib.rlhf.seeds.train_seeds`), cached together
 """
 from __future__ import annotations
@@ -48,13 +47,14 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from ..divergences import kl_from_log_probs
 from .checks import check_seeds
 from .pipeline import atomic_build, cache_dir_for, cached_json
 
 __all__ = [
     "bon_kl_bound", "bon_distribution", "bon_kl", "bon_weights", "bon_estimate",
     "ScalingFit", "fit_bon", "fit_rl", "train_proxy_reward_model", "sample_pool",
-    "gold_reward_model", "rl_history", "rl_seed_histories", "RL_KEYS",
+    "gold_reward_model", "rl_seed_histories", "RL_KEYS",
 ]
 
 
@@ -129,8 +129,8 @@ def bon_kl(probs, scores, n) -> float:
     """Exact ``KL(pi_bon || pi)`` of best-of-``n`` on a discrete space (nats)."""
     p, _ = _check_probs_scores(probs, scores)
     q = bon_distribution(probs, scores, n)
-    on = q > 0
-    return float(np.sum(q[on] * (np.log(q[on]) - np.log(p[on]))))
+    with np.errstate(divide="ignore"):
+        return float(kl_from_log_probs(np.log(q), np.log(p)))
 
 
 def bon_weights(m, n) -> np.ndarray:
@@ -378,43 +378,6 @@ RL_KEYS = ("kl_exact_seq", "kl_exact_seq_se", "score", "score_se", "true_reward"
            "response_length", "distinct_fraction", "entropy_token", "eos_fraction")
 
 
-def rl_history(pipe, proxy, beta: float, steps: int, seed: int = 0, config=None,
-               progress: bool = False) -> dict:
-    """PPO-RLHF (:func:`klbook_lib.rlhf.ppo.run_rlhf`) against a proxy reward model; cached.
-
-    ``proxy`` is a number of training pairs (the reward model of
-    :func:`train_proxy_reward_model` with the pipeline's other settings) or ``"gold"`` (the
-    control: PPO on the true reward itself, :func:`gold_reward_model`). Returns the history
-    as a dict of lists, with the keys of :data:`RL_KEYS`: per iteration, measured on that
-    iteration's batch before its update. The run is cached next to the pipeline, keyed by
-    its settings and the source of the PPO code.
-    """
-    import dataclasses
-
-    from . import ppo
-
-    proxy, beta, steps = _check_rl_args(proxy, beta, steps)
-    cfg = config or ppo.PPOConfig()
-    settings = dict(proxy=proxy, beta=beta, steps=steps, seed=int(seed),
-                    config={k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("reward_fn", "advantage_fn")})
-    if cfg.reward_fn is not None or cfg.advantage_fn is not None:
-        raise ValueError("config: pluggable reward_fn/advantage_fn runs are not cached; call ppo.run_rlhf")
-    here = Path(ppo.__file__).parent
-
-    def compute() -> dict:
-        if proxy == "gold":
-            rm = gold_reward_model(pipe.reward_model, pipe.tokenizer, pipe.prompts)
-        else:
-            rm, _ = train_proxy_reward_model(pipe, proxy)
-        run = ppo.run_rlhf(dataclasses.replace(pipe, reward_model=rm), beta=beta, steps=steps, seed=seed,
-                           config=cfg, progress=progress)
-        cols = run.history_columns()
-        return {k: [float(x) for x in cols[k]] for k in RL_KEYS}
-
-    return cached_json("rl", pipe, settings, compute,
-                       [here / "ppo.py", here / "rewards.py", here / "reward_model.py", __file__])
-
-
 def _proxy_model(pipe, proxy):
     if proxy == "gold":
         return gold_reward_model(pipe.reward_model, pipe.tokenizer, pipe.prompts)
@@ -425,7 +388,7 @@ def _proxy_model(pipe, proxy):
 def rl_seed_histories(pipe, proxy, beta: float, steps: int, seeds: Sequence[int], config=None) -> list[dict]:
     """PPO-RLHF against a proxy (or ``"gold"``) on every seed of ``seeds``; cached as one entry.
 
-    The runs are those of :func:`rl_history` (policy a copy of ``pi_ref``, value model a copy
+    The runs are PPO-RLHF (:func:`klbook_lib.rlhf.ppo.run_rlhf`; policy a copy of ``pi_ref``, value model a copy
     of the reward model, fixed ``beta``), trained by :func:`klbook_lib.rlhf.seeds.train_seeds`
     with every speed-up on (sampler KV cache, ``log pi_old`` from the sampler, fused GELU),
     which gives each seed the run it would have alone. Returns one dict of lists per seed,

@@ -217,11 +217,6 @@ class RLHFPipeline:
             raise ValueError(f"prompts and responses: lengths differ, {len(prompts)} vs {len(responses)}")
         return score_texts(self.reward_model, self.tokenizer, [p + r for p, r in zip(prompts, responses)])
 
-    @staticmethod
-    def true_rewards(responses: Sequence[str]) -> torch.Tensor:
-        """The hidden true reward of each response (:func:`klbook_lib.rlhf.data.true_reward`)."""
-        return torch.tensor([_data.true_reward(r) for r in responses], dtype=torch.float32)
-
     def summary(self) -> str:
         m = self.metrics
         start = f" init_from={self.init_from}" if self.init_from else ""

@@ -71,7 +71,7 @@ class PPOConfig:
     # ref_logprobs, scores, response_mask, beta)`` returns the [B, N] per-token rewards (it gets
     # the scores already clipped to score_clip; kl_estimator is then not used);
     # ``advantage_fn(rewards, values, response_mask, gamma, lam)`` returns ``(advantages,
-    # returns)``, both [B, N]. Exercise 7 plugs its functions in here (klbook_lib.tasks.micro_rlhf).
+    # returns)``, both [B, N]. Exercise 7 plugs its functions in here (klbook_grader.tasks.micro_rlhf).
     reward_fn: object = None
     advantage_fn: object = None
 

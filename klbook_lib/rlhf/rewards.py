@@ -22,7 +22,7 @@ supported because the last real token is found from the mask, not from a length.
 
 Functions
 ---------
-``kl_per_token``       k1 / k2 / k3 from per-token log-probabilities
+``kl_per_token``       k1 / k2 / k3 from per-token log-probabilities (:mod:`klbook_lib.estimators`)
 ``per_token_rewards``  the reward tensor R_t a PPO loop feeds to GAE
 ``last_token_index``   index of the last real response token of every row
 ``exact_token_kl``     KL(pi_theta(.|s_t) || pi_ref(.|s_t)) over the whole vocabulary
@@ -38,7 +38,7 @@ import math
 import torch
 
 from ..divergences import kl_from_log_probs
-from ..estimators import estimate_from_log_ratio
+from ..estimators import kl_per_token  # re-exported: the one per-token k1/k2/k3
 from .checks import check_batch_tensor, check_logits_pair, check_logprob_pair, check_mask
 
 ESTIMATORS = ("k1", "k2", "k3")
@@ -58,26 +58,7 @@ __all__ = [
 ]
 
 
-# --------------------------------------------------------------------------- estimators
-def kl_per_token(
-    logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str = "k1"
-) -> torch.Tensor:
-    """Per-token estimate of KL(pi_theta || pi_ref) from the sampled token's log-probs.
-
-    With the log-ratio ``l = log pi_theta(a_t|s_t) - log pi_ref(a_t|s_t)`` of a token
-    sampled from ``pi_theta`` (so ``r = pi_ref / pi_theta = exp(-l)``):
-
-    - ``k1 = l``                      unbiased, can be negative for a single token;
-    - ``k2 = l**2 / 2``               biased, always >= 0;
-    - ``k3 = (r - 1) - log r = exp(-l) - 1 + l``   unbiased, always >= 0.
-
-    Elementwise; no masking (see :func:`per_token_rewards`).
-    """
-    check_logprob_pair(logprobs, ref_logprobs)
-    # the estimators' log-ratio is log(pi_ref / pi_theta) = -l (samples from pi_theta)
-    return estimate_from_log_ratio(ref_logprobs - logprobs, estimator)
-
-
+# --------------------------------------------------------------------------- masks
 def last_token_index(response_mask: torch.Tensor) -> torch.Tensor:
     """Index of the last real response token in every row of a [B, T] 0/1 mask.
 
