@@ -30,7 +30,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from grading_helpers import FULL, WRONG_ANSWERS, master_cells, messages, points, write_nb
+from grading_helpers import (FULL, WRONG_ANSWERS, master_cells, messages, points, replace_function,
+                             write_nb)
 from klbook_lib.grading import grader as G
 from klbook_lib.grading.grader import grade
 
@@ -356,6 +357,78 @@ def test_deep_directories_and_big_files_leave_nothing_behind(env, tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     assert json.loads(out.read_text())["score"] == 12
     # the env fixture checks that the grader's temporary root is empty
+
+
+# Writes one forged event into every pipe the process holds from fd 3 up (the result pipe
+# among them), and finds where the runner stands by reading its frames.
+FORGE = r'''
+import json as _json, os as _os, stat as _stat, sys as _sys, time as _time
+
+def _forge(*events):
+    data = b"".join(b"\n" + _json.dumps(e).encode() + b"\n" for e in events)
+    for fd in range(3, 64):
+        try:
+            if _stat.S_ISFIFO(_os.fstat(fd).st_mode):
+                _os.write(fd, data)
+        except OSError:
+            pass
+
+def _runner_local(*names):
+    f = _sys._getframe(1)
+    while f is not None:
+        if all(n in f.f_locals for n in names):
+            return [f.f_locals[n] for n in names]
+        f = f.f_back
+    raise RuntimeError(names)
+
+def _sleep_forging(seconds, every, events):
+    end = _time.monotonic() + seconds
+    while _time.monotonic() < end:
+        try:
+            _time.sleep(every)          # the runner's own alarm is swallowed
+        except BaseException:
+            pass
+        _forge(*events())
+'''
+
+SLOW_CALL = '''
+_honest_kl = kl_categorical
+def kl_categorical(p, q):
+    qid, j = _runner_local("qid", "j")
+    _sleep_forging(2.0, 0.3, lambda: [{"ev": "case", "q": qid, "j": j, "r": {"error": "wait"}},
+                                      {"ev": "call", "q": qid, "j": j}])
+    return _honest_kl(p, q)
+'''
+
+SLOW_CELL = '''
+(index,) = _runner_local("index", "src")
+_sleep_forging(12.0, 1.0, lambda: [{"ev": "cell", "i": index, "t": "end", "ok": True},
+                                   {"ev": "cell", "i": index, "t": "start"}])
+'''
+
+
+def test_forged_runner_steps_do_not_reset_the_timers(env, tmp_path):
+    """Issue 36: a call that writes `case j` then `call j`, and a cell that writes `cell end`
+    then `cell start`, into the result pipe restarted the grader's clocks (a 12 s call scored
+    full marks under a 5 s limit). Each clock now starts at the first message of its cell or
+    call and is never restarted; call ids must increase."""
+    cells = master_cells()
+    hit = [i for i, c in enumerate(cells) if "def kl_from_logits(" in c]
+    assert len(hit) == 1
+    honest = cells[hit[0]]
+    cells = replace_function(cells, "kl_from_logits",
+                             "def kl_from_logits(logits_p, logits_q):\n    raise NotImplementedError\n")
+    # q1 answered by a call that runs 2 s (limit 0.5 s + 1.1 s grace); q2 defined by a cell
+    # that runs 12 s (limit 3 s + 1.75 s grace)
+    slow_cell = SLOW_CELL + "\n" + honest.split("check(")[0]
+    path = write_nb(tmp_path / "sub", cells + [FORGE, SLOW_CALL, slow_cell])
+    t = time.monotonic()
+    r = grade(path, timeout=90, cell_timeout=3, call_timeout=0.5)
+    assert time.monotonic() - t < 80
+    got = points(r)
+    assert got["q1"] == 0, messages(r, "q1")
+    assert got["q2"] == 0, messages(r, "q2")
+    assert got["q3"] == FULL["q3"] and got["q4"] == FULL["q4"], got
 
 
 # ---------------------------------------------------------------- 4. persistence and copying

@@ -37,6 +37,7 @@ DEFAULT_CELL_TIMEOUT = 20.0
 DEFAULT_CALL_TIMEOUT = 5.0
 STARTUP_SECONDS = 60.0      # from starting the sandbox to its first event
 IDLE_SECONDS = 30.0         # the runner's own work between two events
+AFTER_STEP_SECONDS = 5.0    # past a cell's or a question's limit, until the runner's next step
 MAX_RUNS = 8                # a notebook that hangs again and again is not run forever
 MAX_NOTEBOOK_BYTES = 50 << 20
 PARSE_MEMORY_BYTES = 1 << 30    # the notebook's JSON is parsed in a child limited to this
@@ -249,7 +250,10 @@ class _Session:
             tails[f] = bytearray()
         now = time.monotonic()
         state = {"activity": ("startup",), "until": now + STARTUP_SECONDS, "partial": None,
-                 "done": False, "events": 0}
+                 "done": False, "events": 0,
+                 # timers the notebook cannot reset: each cell index and each (question,
+                 # evaluation, case) gets one clock, started at its first message of this run
+                 "timers": {}, "last_cell": -1, "asked": {}}
         result_open, exited_at = True, None
         outcome = None
         try:
@@ -324,20 +328,30 @@ class _Session:
         self._abandon(state, outcome)
         return outcome
 
-    @staticmethod
-    def _legal(ev: dict, state: dict) -> bool:
+    def _legal(self, ev: dict, state: dict) -> bool:
         """Is ``ev`` a step the runner can take from where it is? Student code, which can
         write into the pipe while its cell or call runs, cannot forge the runner's steps."""
         kind, act = ev["ev"], state["activity"]
         if kind == "note":
             return True
         if act[0] in ("startup", "idle"):
-            return (kind == "cell" and ev["t"] == "start") or (
-                kind == "q" and ev["t"] == "start") or kind == "done"
+            if kind == "cell" and ev["t"] == "start":
+                # cells run in order, once each: a cell index never starts twice in a run
+                return ev["i"] > state.get("last_cell", -1)
+            if kind == "q" and ev["t"] == "start":
+                # the runner asks a question once after a cell (a value is read once more at
+                # the very end): a question cannot be started again to reset its clocks
+                asked = state.get("asked", {}).get((ev["q"], state.get("last_cell", -1)), 0)
+                q = self.qmap.get(ev["q"])
+                return q is not None and asked < (1 if q["kind"] == "function" else 2)
+            return kind == "done"
         if act[0] == "cell":
             return kind == "cell" and ev["t"] == "end" and ev["i"] == act[1]
         if act[0] == "q":
-            return ev.get("q") == act[1] and (kind in ("call", "missing") or (
+            p = state.get("partial")
+            if kind == "call":             # call ids strictly increasing within an evaluation
+                return ev.get("q") == act[1] and (p is None or ev["j"] > p.get("last_j", -1))
+            return ev.get("q") == act[1] and (kind == "missing" or (
                 kind == "q" and ev["t"] == "end"))
         if act[0] == "call":
             return ev.get("q") == act[1] and (
@@ -351,36 +365,59 @@ class _Session:
         now = time.monotonic()
         state["events"] += 1
         kind = ev["ev"]
+        timers = state.setdefault("timers", {})
         if kind == "cell":
             if ev["t"] == "start":
+                state["last_cell"] = ev["i"]
+                t0 = timers.setdefault(("cell", ev["i"]), now)
                 state["activity"] = ("cell", ev["i"])
-                state["until"] = now + self.cell_timeout + _grace(self.cell_timeout)
+                state["until"] = t0 + self.cell_timeout + _grace(self.cell_timeout)
             else:
                 if ev["ok"]:
                     self.cell_errors.pop(ev["i"], None)
                 else:
                     self.cell_errors[ev["i"]] = clean(ev.get("error", "failed"))
                 state["activity"] = ("idle",)
-                state["until"] = now + IDLE_SECONDS
+                # the runner's next step follows at once: an "end" the cell forged itself
+                # while it went on running buys it no more than a few seconds past its limit
+                cell_until = timers[("cell", ev["i"])] + self.cell_timeout + _grace(self.cell_timeout)
+                state["until"] = min(now + IDLE_SECONDS, max(cell_until, now + AFTER_STEP_SECONDS))
         elif kind == "q":
             q = self.qmap[ev["q"]]
             if ev["t"] == "start":
-                state["partial"] = {"q": q["id"], "cases": {}, "value": None, "missing": None, "t0": now}
+                key = (q["id"], state.get("last_cell", -1))
+                asked = state.setdefault("asked", {})
+                asked[key] = asked.get(key, 0) + 1
+                seconds = float(q["timeout"])
+                state["partial"] = {"q": q["id"], "cases": {}, "value": None, "missing": None,
+                                    "t0": now, "last_j": -1, "spent": 0.0, "call_t0": None,
+                                    "evaluation": key + (asked[key],),
+                                    # the whole evaluation: every call at its limit, at most
+                                    "budget_until": now + AFTER_STEP_SECONDS + max(1, len(q["cases"])) * (
+                                        seconds + _grace(seconds))}
                 state["activity"] = ("q", q["id"])
             elif state["partial"] is not None and state["partial"]["q"] == q["id"]:
+                budget = state["partial"]["budget_until"]
                 self._commit(state["partial"], now)
                 state["partial"] = None
                 state["activity"] = ("idle",)
+                state["until"] = min(now + IDLE_SECONDS, max(budget, now + AFTER_STEP_SECONDS))
+                return
             state["until"] = now + IDLE_SECONDS
         elif kind == "call":
             p = state["partial"]
             if p is not None and p["q"] == ev["q"]:
                 seconds = float(self.qmap[ev["q"]]["timeout"])
+                t0 = timers.setdefault(("call",) + p["evaluation"] + (ev["j"],), now)
+                p["last_j"], p["call_t0"] = ev["j"], t0
                 state["activity"] = ("call", ev["q"], ev["j"])
-                state["until"] = now + seconds + _grace(seconds)
+                state["until"] = min(t0 + seconds + _grace(seconds), p["budget_until"])
         elif kind in ("case", "value", "missing"):
             p = state["partial"]
             if p is not None and p["q"] == ev["q"]:
+                if p.get("call_t0") is not None:     # the question's time: its calls summed
+                    p["spent"] += now - p["call_t0"]
+                    p["call_t0"] = None
                 if kind == "case":
                     p["cases"][ev["j"]] = ev["r"]
                 elif kind == "value":
@@ -388,7 +425,7 @@ class _Session:
                 else:
                     p["missing"] = clean(ev["why"])
                 state["activity"] = ("q", ev["q"])
-                state["until"] = now + IDLE_SECONDS
+                state["until"] = min(now + IDLE_SECONDS, max(p["budget_until"], now + AFTER_STEP_SECONDS))
         elif kind == "note":
             text = clean(ev["text"])
             if text and text not in self.student_notes and len(self.student_notes) < 20:
@@ -422,7 +459,10 @@ class _Session:
         else:
             answer = {"error": stop or "no answer was reported"}
         self.answers[q["id"]] = answer
-        self.seconds[q["id"]] = round(now - p["t0"], 3)
+        spent = p.get("spent", now - p["t0"])
+        if p.get("call_t0") is not None:         # the call that was interrupted
+            spent += now - p["call_t0"]
+        self.seconds[q["id"]] = round(spent, 3)
 
     def _abandon(self, state: dict, outcome: tuple) -> None:
         """After a kill or a crash: record what was interrupted, decide what to skip."""
