@@ -664,6 +664,21 @@ def _score_question(q, expected, answer, unanswered: str) -> dict:
     return out
 
 
+def _require(questions, scored: list[dict]) -> None:
+    """A question that trains with the student's own functions (``Question.requires``) earns
+    nothing while one of those functions scores nothing on its own question (issue 36)."""
+    by_id = {s["id"]: s for s in scored}
+    for q, s in zip(questions, scored):
+        failed = [r for r in getattr(q, "requires", ()) if r in by_id and by_id[r]["points"] <= 0]
+        if failed and s["points"] > 0:
+            names = ", ".join(f"{r} (`{next(x.name for x in questions if x.id == r)}`)" for r in failed)
+            s["points"] = 0.0
+            s["messages"].insert(0, f"no points: this run trains with your answer to {names}, "
+                                    "which scored nothing on its own cases (where the library's "
+                                    "version cannot be imported); the training counts only once "
+                                    "the function it uses is yours")
+
+
 def _positive(name: str, value) -> float:
     try:
         value = float(value)
@@ -803,6 +818,35 @@ def _split(questions) -> tuple[list[tuple], list[tuple]]:
     return plain, tasks
 
 
+def _sessions(questions, cell_library: list) -> list[tuple[list[tuple], bool, tuple]]:
+    """The sandboxes of one grading, each as ``(part, is_task, library)``: first the cells'
+    sandbox (the modules every question declares and what importing them imports, never what
+    they import inside functions), then one per question whose ``refused`` modules that
+    sandbox offers (with only the question's own modules), then the tasks' sandbox (also the
+    modules the outcome-graded cases declare). No sandbox ever offers a question's refused
+    module (issue 36)."""
+    plain, tasks = _split(questions)
+    union = sandbox.library_closure(cell_library)
+    main, alone = [], []
+    for q, idx in plain:
+        if set(getattr(q, "refused", ())) & set(union):
+            own = sandbox.library_closure(q.library)
+            alone.append(([(q, idx)], False, own))
+        else:
+            main.append((q, idx))
+    out = [(main, False, union)] + alone
+    if tasks:
+        out.append((tasks, True, sandbox.library_closure(
+            cell_library + [m for q, _ in tasks for m in q.task_library])))
+    for part, _, library in out:
+        for q, _ in part:
+            bad = set(getattr(q, "refused", ())) & set(library)
+            if bad:
+                raise GraderError(f"the question bank offers {q.id} a module that answers it: "
+                                  f"{', '.join(sorted(bad))}")
+    return out
+
+
 def _merge(q, parts: list[tuple[list[int], dict | None]]) -> dict | None:
     """One question's answer from the sessions that asked parts of it."""
     answered = [(idx, a) for idx, a in parts if isinstance(a, dict)]
@@ -875,22 +919,18 @@ def grade(notebook: str | os.PathLike, exercise: str | None = None, timeout: flo
     limits = base.merged(memory_bytes=max(memory, base.memory_bytes),
                          total_memory_bytes=max(memory, base.total_memory_bytes))
     sessions: list[tuple[_Session, list[tuple]]] = []
+    kinds: list[str] = []          # "cells", "alone" (a question refusing a module), "task"
     if cells is not None:
         if not any(c.strip() for c in cells):
             notes.append("the notebook has no code")
         nb_name = re.sub(r"[^A-Za-z0-9._-]", "_", path.name)[:100] or "submission.ipynb"
         text = raw.decode("utf-8")
         deadline = start + timeout
-        plain, tasks = _split(questions)
         cell_library = [m for q in questions for m in q.library]
-        for part, task in ((plain, False), (tasks, True)):
+        groups_of = _sessions(questions, cell_library)
+        for part, task, library in groups_of:
             if not part:
                 continue
-            # the cells' sandbox: the declared modules and what importing them imports; the
-            # tasks' sandbox: also the task modules and everything they import when called
-            library = sandbox.library_closure(
-                cell_library + ([m for q, _ in part for m in q.task_library] if task else []),
-                everything=task)
             data: tuple = ()
             if task:
                 try:
@@ -903,15 +943,26 @@ def grade(notebook: str | os.PathLike, exercise: str | None = None, timeout: flo
                                data_dirs=data)
             session.run(deadline)
             sessions.append((session, part))
+            kinds.append("task" if task else ("alone" if part is not groups_of[0][0] else "cells"))
         cell_errors: dict[int, str] = {}
         for k, (session, _) in enumerate(sessions):
+            if kinds[k] == "alone":    # cells importing what that sandbox lacks fail there, by design
+                continue
             for i, why in session.cell_errors.items():
-                cell_errors.setdefault(i, why + (" (in the sandbox of the training tasks)" if k else ""))
+                cell_errors.setdefault(i, why + (" (in the sandbox of the training tasks)"
+                                                 if kinds[k] == "task" else ""))
         for i in sorted(cell_errors):
             where = names[i] if i < len(names) else cell_name(i)
             notes.append(f"{where} failed: {cell_errors[i]}")
-        for session, _ in sessions:
-            notes.extend(n for n in session.notes + session.student_notes if n not in notes)
+        for k, (session, part) in enumerate(sessions):
+            own = session.notes + session.student_notes
+            if kinds[k] == "alone":     # only the refusals of what answers that question
+                refused = [m for q, _ in part for m in q.refused]
+                own = session.notes + [
+                    f"{n} (question {part[0][0].id} is graded in a sandbox without it)"
+                    for n in session.student_notes
+                    if "refused while grading" in n and any(f"import of {m} " in n for m in refused)]
+            notes.extend(n for n in own if n not in notes)
             if session.rejected:
                 notes.append(f"the notebook's process sent {session.rejected} malformed message(s); "
                              "they were ignored")
@@ -926,6 +977,7 @@ def grade(notebook: str | os.PathLike, exercise: str | None = None, timeout: flo
         if took:
             seconds[q.id] = round(sum(took), 3)
     scored = [_score_question(q, e, answers.get(q.id), unanswered) for q, e in zip(questions, expected)]
+    _require(questions, scored)
     for s in scored:
         s["messages"] = cap(s["messages"], MAX_MESSAGES, "messages")
         if s["id"] in seconds:
@@ -937,8 +989,10 @@ def grade(notebook: str | os.PathLike, exercise: str | None = None, timeout: flo
             "isolation": f"{backend.describe()}; {groups.describe()}",
             # runs of the notebook's sandbox (more than 1 after a cell or call that hung); the
             # sandbox of the training tasks, if any, apart
-            "runs": sessions[0][0].runs if sessions else 0,
-            "task_runs": sum(s.runs for s, _ in sessions[1:]),
+            "runs": sum(s.runs for k, (s, _) in enumerate(sessions) if kinds[k] == "cells"),
+            "task_runs": sum(s.runs for k, (s, _) in enumerate(sessions) if kinds[k] == "task"),
+            # the sandboxes of questions graded apart, without a module that answers them
+            "question_runs": sum(s.runs for k, (s, _) in enumerate(sessions) if kinds[k] == "alone"),
             "seconds": round(time.monotonic() - start, 2)}
 
 

@@ -267,6 +267,10 @@ def library_closure(modules, everything: bool = False) -> tuple[str, ...]:
     packages named; packages with all their modules): at the top level of each file only,
     which is what importing them runs, or ``everything`` (imports inside functions too)."""
     named = {str(m) for m in modules}
+    for m in named:                  # issue 36: a question names modules, never a whole package
+        f = _module_file(m) if m.split(".")[0] == "klbook_lib" else None
+        if f is not None and f.name == "__init__.py" and m != "klbook_lib":
+            raise ValueError(f"library: {m!r} is a package; name the modules the question needs")
     todo = sorted(named)
     seen: list[str] = []
     while todo:

@@ -14,7 +14,11 @@ EXERCISE = "ex07_token_level_kl"
 A = np.array
 
 
-MICRO_RLHF_LIBRARY = ("klbook_lib.rlhf", "klbook_lib.tasks")
+# what the training runs need (the library's PPO-RLHF, into which the task plugs the student's
+# reward and GAE): offered only in the tasks' sandbox, whose runs count only once questions 1
+# and 5 score points of their own (``requires``)
+MICRO_RLHF_LIBRARY = ("klbook_lib.tasks.micro_rlhf", "klbook_lib.rlhf.models", "klbook_lib.rlhf.pipeline",
+                      "klbook_lib.rlhf.ppo", "klbook_lib.rlhf.tokenizer")
 # what the notebook's cells may import: the task module and the review data it builds on
 # (klbook_lib.rlhf.rewards and .ppo compute the answers of questions 1, 2 and 5)
 MICRO_RLHF_CELLS = ("klbook_lib.tasks.micro_rlhf", "klbook_lib.rlhf.data")
@@ -85,15 +89,16 @@ def questions() -> list[Question]:
                    probe="a training run on a seed of the grader's") for s in (0, 1, 2, 3)]
     return [
         Question("q1", "Per-token rewards", "function", "per_token_rewards", 4,
-                 R.per_token_rewards, tuple(tok)),
+                 R.per_token_rewards, tuple(tok), refused=("klbook_lib.rlhf.rewards", "klbook_lib.rlhf.ppo")),
         Question("q2", "Generalised advantage estimation", "function", "gae", 3, R.gae,
                  tuple(gae_cases)),
         Question("q3", "Exact per-token KL over the vocabulary", "value", "answer_q3", 2,
                  lambda: R.kl_from_logprobs(lp3, lr3), **REL),
         Question("q4", "Summing per-token log-ratios", "choice", "answer_q4", 2, "A"),
-        Question("q5", "GAE on a padded batch", "function", "masked_gae", 4, R.masked_gae, tuple(mg)),
+        Question("q5", "GAE on a padded batch", "function", "masked_gae", 4, R.masked_gae, tuple(mg),
+                 refused=("klbook_lib.rlhf.rewards", "klbook_lib.rlhf.ppo")),
         Question("q6", "Train a micro GPT-2 with your reward and your GAE", "function", "train_rlhf", 6,
                  outcome, tuple(train), timeout=40.0, library=MICRO_RLHF_CELLS,
-                 task_library=MICRO_RLHF_LIBRARY, full_marks_at=3,
+                 task_library=MICRO_RLHF_LIBRARY, full_marks_at=3, requires=("q1", "q5"),
                  public_checks=(dict(args=[100], module="klbook_lib.tasks.micro_rlhf", judge="judge_rlhf", kwargs={'eval_seed': 7}, why="training seed 100"),)),
     ]

@@ -111,6 +111,16 @@ class Question:
     public_checks: tuple = ()
     # A choice question's one-sentence reason why each wrong letter is wrong (hidden/choices.py).
     explain: dict | None = None
+    # Questions whose functions this one's outcome-graded cases train with ("your reward and
+    # your GAE"): those cases earn nothing unless each of them scores points of its own, graded
+    # in the cells' sandbox where the library's answers do not exist (issue 36). The tasks'
+    # sandbox offers the training library, so a function there could call the library's
+    # version; the probe of the same name in the clean sandbox is what makes it the student's.
+    requires: tuple = ()
+    # Modules that compute this question's answer: the grader never asks the question in a
+    # sandbox that offers one of them (it gets a sandbox of its own when the notebook's other
+    # questions need them), and the bank's test checks that its own library does not.
+    refused: tuple = ()
 
     def expected(self) -> Any:
         if self.kind == "function":
