@@ -616,7 +616,9 @@ def _score_question(q, expected, answer, unanswered: str) -> dict:
             out["messages"].append("the answers for the test cases are incomplete")
             return out
         passed = 0
+        credits: dict[int, float] = {}
         core_failed: list[int] = []
+        same = _identical_runs(q, results)
         for i, (case, exp, res) in enumerate(zip(q.cases, expected, results)):
             label = f"{'public' if case.public else 'hidden'} case {i + 1}"
             core = bool(getattr(case, "core", False))
@@ -632,18 +634,28 @@ def _score_question(q, expected, answer, unanswered: str) -> dict:
                     core_failed.append(i + 1)
                 continue
             judge = getattr(q, "judge_case", None)  # outcome-graded cases (hidden/bank.py)
-            if judge is not None:
+            if i in same:
+                credit, why = 0.0, (f"this run returned exactly what the run of case {same[i] + 1} "
+                                    "returned on another seed: a run that samples differs from seed "
+                                    "to seed (a written-down or exactly computed table earns nothing)")
+            elif judge is not None:
                 credit, why = judge(case, exp, res["value"])
             else:
                 ok, why = compare.compare_numeric(exp, res["value"], q.rtol, q.atol, reveal=case.public)
                 credit = 1.0 if ok else 0.0
             passed += credit
+            credits[i] = credit
             if core and credit < 1:
                 core_failed.append(i + 1)
             if credit < 1 or getattr(case, "judge", None) is not None:
                 out["messages"].append(f"{label}: {clean(why, 500)}")
         full = getattr(q, "full_marks_at", None) or len(expected)   # e.g. 3 of 4 training seeds
         out["points"] = 0.0 if core_failed else q.points * min(1.0, passed / full)
+        groups = getattr(q, "run_groups", ()) or ()
+        if groups and not core_failed:      # each group (a placement's runs) earns its own share
+            n = sum(len(g) for g in groups)
+            share = [(len(g) / n, sum(credits.get(k, 0.0) for k in g), full * len(g) / n) for g in groups]
+            out["points"] = q.points * sum(w * min(1.0, got / need) for w, got, need in share)
         head = (f"{_fmt(passed)}/{len(expected)} test cases passed"
                 + (f" (full marks at {full})" if full < len(expected) else ""))
         if core_failed:
@@ -677,6 +689,23 @@ def _require(questions, scored: list[dict]) -> None:
                                     "which scored nothing on its own cases (where the library's "
                                     "version cannot be imported); the training counts only once "
                                     "the function it uses is yours")
+
+
+def _identical_runs(q, results: list) -> dict[int, int]:
+    """Outcome-graded cases whose result equals that of another such case with other arguments
+    (another seed): a run that samples never returns the same thing twice (issue 36: the exact
+    optimum and exact gradient ascent gave one table for every seed). Maps a case to the other."""
+    seen: dict[str, int] = {}
+    out: dict[int, int] = {}
+    for i, (case, res) in enumerate(zip(q.cases, results)):
+        if getattr(case, "judge", None) is None or not isinstance(res, dict) or "value" not in res:
+            continue
+        key = json.dumps(res["value"], sort_keys=True)
+        if key in seen and q.cases[seen[key]].args != case.args:
+            out[i] = seen[key]
+            out.setdefault(seen[key], i)
+        seen.setdefault(key, i)
+    return out
 
 
 def _positive(name: str, value) -> float:
@@ -796,7 +825,9 @@ def task_data(questions) -> tuple:
 def _plan_question(q, call_timeout: float, cases: list[int]) -> dict:
     return {"id": q.id, "kind": q.kind, "name": q.name,
             "timeout": float(q.timeout or call_timeout),
-            "cases": [{"args": q.cases[j].encoded_args()} for j in cases]}
+            "cases": [dict({"args": q.cases[j].encoded_args()},
+                           **({"grad": True} if getattr(q.cases[j], "grad", None) else {}))
+                      for j in cases]}
 
 
 def _split(questions) -> tuple[list[tuple], list[tuple]]:
