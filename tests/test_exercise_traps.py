@@ -677,6 +677,14 @@ def test_issue25_item6_ex01_every_kl_from_logits_case_has_a_nonzero_kl():
 # Each variant replaces one master function; the question it belongs to scores 0 (its core cases fail, except
 # the overflow variant, which loses the case that probes it) and the other questions keep their points.
 EX14_TRAPS = {
+    # issue 36: the pads may hold -inf; computed on them and masked afterwards, the value is right
+    # and the gradient NaN (finite junk on the pads let it pass)
+    "computed on the pads, masked afterwards": ("attached_k3_loss", '''def attached_k3_loss(logp, old_logp, ref_logp, mask):
+    m = mask > 0
+    rho = torch.exp(logp - old_logp.detach())
+    d = ref_logp.detach() - logp
+    return torch.where(m, rho * (torch.expm1(d) - d), torch.zeros_like(logp))
+''', "q1", "-inf on every pad (log pi, pi_old and pi_ref)", True),
     "detached ratio": ("attached_k3_loss", '''def attached_k3_loss(logp, old_logp, ref_logp, mask):
     m = mask > 0
     lp = torch.where(m, logp, torch.zeros_like(logp))
@@ -806,3 +814,59 @@ def test_issue36_a_run_trained_with_the_librarys_pieces_earns_nothing():
         scored = [{"id": x.id, "points": float(x.points), "messages": ["..."]} for x in qs]
         G._require(qs, scored)
         assert next(s for s in scored if s["id"] == qid)["points"] == q.points
+
+
+def test_issue36_no_hidden_case_sits_on_a_threshold():
+    """A case whose input sits exactly on a threshold of its reference (ex14_offpolicy q5's
+    hidden case 6: 0.25 - 0.05 = 0.2 = high) grades `>` against `>=` instead of what the question
+    is about. Every case of the bank is probed: moving one non-integer input by a relative 1e-9
+    either way must not move the reference's answer by more than rounding (this scan flags that
+    case, and nothing else, in the bank before the fix)."""
+    from klbook_lib.grading.hidden import bank
+
+    flagged = []
+    for ex in bank.exercise_names():
+        for q in bank.questions(ex):
+            if q.kind != "function":
+                continue
+            for j, case in enumerate(q.cases):
+                if case.judge is not None:
+                    continue
+                ref = case.grad or q.ref
+                args = case.call_args()
+                base = np.asarray(ref(*args), dtype=float)
+                base = np.where(np.isfinite(base), base, 0.0)
+                scale = 1.0 + (np.abs(base).max() if base.size else 0.0)
+                for k, a in enumerate(args):
+                    if isinstance(a, np.ndarray):
+                        fin = a[np.isfinite(a)]
+                        if not np.any(fin != np.round(fin)):
+                            continue                      # masks, token ids, integers
+                    elif not (isinstance(a, float) and a != round(a)):
+                        continue
+                    for s in (1 + 1e-9, 1 - 1e-9):
+                        moved = list(args)
+                        moved[k] = a * s
+                        out = np.asarray(ref(*moved), dtype=float)
+                        out = np.where(np.isfinite(out), out, 0.0)
+                        if out.shape == base.shape and out.size and np.abs(out - base).max() > 1e-5 * scale:
+                            flagged.append((ex, q.id, f"case {j + 1}", f"argument {k + 1}"))
+    assert not flagged, sorted(set(flagged))
+
+
+def test_issue36_ex07_the_score_on_the_last_column_scores_zero(tmp_path):
+    """ex07 q1 had no core case for where the score goes: a reward that adds it on the last
+    column whatever the mask kept 1.14 of 4 points. The padded public case and the left-padded
+    hidden case are core now."""
+    body = '''def per_token_rewards(logprobs, ref_logprobs, scores, mask, beta):
+    mask = np.asarray(mask, float)
+    rewards = np.where(mask > 0, -beta * (np.asarray(logprobs, float) - np.asarray(ref_logprobs, float)), 0.0)
+    rewards[:, -1] += np.asarray(scores, float)          # the last column, not the last real token
+    return rewards
+'''
+    cells = replace_function(quick(master_cells("ex07_token_level_kl")), "per_token_rewards", body)
+    r = grade_cells(tmp_path, "ex07_token_level_kl", cells)
+    q1 = question(r, "q1")
+    assert q1["points"] == 0, q1["messages"]
+    assert "core case" in q1["messages"][0], q1["messages"]
+    assert question(r, "q5")["points"] == question(r, "q5")["max_points"]

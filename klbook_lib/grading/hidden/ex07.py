@@ -34,7 +34,8 @@ def questions() -> list[Question]:
         pub(A([[-1.0, -2.0, -0.5]]), A([[-1.0, -2.0, -0.5]]), A([1.0]), A([[1.0, 1.0, 1.0]]), 0.1,
              why="policy equals reference"),
         pub(A([[-1.0, -1.0, -1.0], [-0.5, -2.0, -9.0]]), A([[-2.0, -1.0, -1.5], [-1.0, -1.0, -1.0]]),
-             A([2.0, -1.0]), A([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]]), 0.2, why="second sequence is padded"),
+             A([2.0, -1.0]), A([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]]), 0.2, why="second sequence is padded",
+             core=True),   # issue 36: the score's position is what the question is about
     ]
     for b, t in ((4, 6), (3, 9)):
         tok.append(hid(rng.normal(-2, 1, (b, t)), rng.normal(-2, 1, (b, t)), rng.normal(0, 1, b),
@@ -45,7 +46,7 @@ def questions() -> list[Question]:
                     probe="-inf log-probabilities on padded positions"))
     left = A([[0.0, 0.0, 1.0, 1.0, 1.0], [0.0, 1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0, 1.0]])
     tok.append(hid(rng.normal(-2, 1, (3, 5)), rng.normal(-2, 1, (3, 5)), rng.normal(0, 1, 3), left, 0.1,
-                    probe="left-padded rows: the last real token comes from the mask"))
+                    probe="left-padded rows: the last real token comes from the mask", core=True))
     full = padded_mask(rng, 3, 5)
     full[1] = 0.0
     tok.append(hid(rng.normal(-2, 1, (3, 5)), rng.normal(-2, 1, (3, 5)), rng.normal(0, 1, 3), full, 0.1,
