@@ -672,7 +672,22 @@ for hidden in ({str(REPO / "klbook_lib")!r}, {str(REPO / "exercises")!r}, {str(R
     assert not os.path.exists(hidden), hidden
 assert {str(os.getpid())!r} not in os.listdir("/proc")           # the grader is not in its world
 assert len([p for p in os.listdir("/proc") if p.isdigit()]) < 10
-assert [name for _, name in socket.if_nameindex()] == ["lo"]
+with open("/proc/self/net/dev") as fh:                          # its own network namespace
+    assert [ln.split(":")[0].strip() for ln in fh.read().splitlines()[2:]] == ["lo"]
+# issue 36: socket families on an allow-list (AF_UNIX, AF_INET, AF_INET6)
+for fam, kind in ((socket.AF_UNIX, socket.SOCK_STREAM), (socket.AF_INET, socket.SOCK_DGRAM),
+                  (socket.AF_INET6, socket.SOCK_DGRAM)):
+    socket.socket(fam, kind).close()
+for s in socket.socketpair():
+    s.close()
+for fam in (getattr(socket, "AF_VSOCK", 40), socket.AF_NETLINK, socket.AF_PACKET, 0, 3, 9, 11, 1000):
+    try:
+        socket.socket(fam, socket.SOCK_DGRAM).close()
+    except PermissionError:
+        continue
+    except OSError as exc:
+        raise AssertionError(f"socket family {{fam}}: {{exc}}")
+    raise AssertionError(f"socket family {{fam}} created")
 for target in ({str(venv_file)!r}, {str(venv_file.parent / "klbook-probe")!r}, "/usr/probe",
                "/probe", {repo_probe}"/etc/probe", "/klbook/probe"):
     try:
