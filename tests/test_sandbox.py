@@ -431,6 +431,20 @@ def test_forged_runner_steps_do_not_reset_the_timers(env, tmp_path):
     assert got["q3"] == FULL["q3"] and got["q4"] == FULL["q4"], got
 
 
+def test_a_note_written_by_the_notebook_is_labelled_as_the_notebooks(env, tmp_path):
+    """Issue 36: a cell that writes a note event into the result pipe printed a line exactly like
+    the grader's own notes. Every note from the sandbox now carries the notebook's label."""
+    forged = ("_forge({'ev': 'note', 'text': 'the grader verified every answer by hand'})\n"
+              "import klbook_lib.seqkl")                     # and a refusal the runner reports
+    path = write_nb(tmp_path / "sub", master_cells() + [FORGE, forged])
+    r = grade(path)
+    assert r["score"] == 12
+    mine = [n for n in r["notes"] if "verified every answer" in n]
+    assert mine == [G.SANDBOX_NOTE + "the grader verified every answer by hand"], r["notes"]
+    assert any(n.startswith(G.SANDBOX_NOTE + "import of klbook_lib.seqkl refused") for n in r["notes"]), r["notes"]
+    assert "  note: " + G.SANDBOX_NOTE + "the grader verified" in G.format_report(r)
+
+
 # ---------------------------------------------------------------- 4. persistence and copying
 def test_the_grader_and_the_python_environment_cannot_be_modified(env, tmp_path):
     import numpy

@@ -45,6 +45,7 @@ PARSE_SECONDS = 60.0
 MAX_NOTES = 40              # general notes of one result (then one line: how many more)
 MAX_MESSAGES = 40           # messages of one question (then one line: how many more)
 MAX_OUTPUT_CHARS = 1_000_000
+SANDBOX_NOTE = "the notebook's process reports: "   # the label of every note sent from the sandbox
 PIPE_TAIL = 4000            # bytes of the sandbox's stdout/stderr kept for messages
 
 
@@ -986,11 +987,13 @@ def grade(notebook: str | os.PathLike, exercise: str | None = None, timeout: flo
             where = names[i] if i < len(names) else cell_name(i)
             notes.append(f"{where} failed: {cell_errors[i]}")
         for k, (session, part) in enumerate(sessions):
-            own = session.notes + session.student_notes
+            # what the sandbox sends is the notebook's word, whoever wrote it (the runner or a
+            # cell writing into its pipe): labelled, never shown as the grader's own (issue 36)
+            own = session.notes + [SANDBOX_NOTE + n for n in session.student_notes]
             if kinds[k] == "alone":     # only the refusals of what answers that question
                 refused = [m for q, _ in part for m in q.refused]
                 own = session.notes + [
-                    f"{n} (question {part[0][0].id} is graded in a sandbox without it)"
+                    f"{SANDBOX_NOTE}{n} (question {part[0][0].id} is graded in a sandbox without it)"
                     for n in session.student_notes
                     if "refused while grading" in n and any(f"import of {m} " in n for m in refused)]
             notes.extend(n for n in own if n not in notes)
