@@ -1185,6 +1185,27 @@ def test_a_notebook_built_to_blow_up_the_parser_costs_the_grader_nothing(env, tm
     assert grown < 400_000, f"the grader grew by {grown / 1024:.0f} MB"
 
 
+def test_a_notebook_of_a_million_cells_is_refused_before_the_grader_holds_them(env, tmp_path):
+    """Issue 36: 1.1 million small code cells (40 MB) parsed fine and took the grader to 944 MB;
+    the parser now refuses more than MAX_CELLS cells, and code cells above MAX_CODE_CHARS."""
+    import resource
+
+    path = tmp_path / "ex01_kl_definition.ipynb"
+    cell = '{"cell_type": "code", "metadata": {}, "source": "x = 1", "outputs": [], "execution_count": null}'
+    with open(path, "w") as fh:
+        fh.write('{"cells": [' + ",".join([cell] * 400_000) + '], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}')
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    r = grade(path)
+    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before       # kB
+    assert r["score"] == 0 and "it has 400,000 cells, more than 2,000" in r["notes"][0], r["notes"]
+    assert grown < 150_000, f"the grader grew by {grown / 1024:.0f} MB"
+    big = write_nb(tmp_path / "big", ["x = 1\n" + "#" * (G.MAX_CODE_CHARS + 10)])
+    r = grade(big)
+    assert r["score"] == 0 and "more than 2,000,000 characters" in r["notes"][0], r["notes"]
+    ok = write_nb(tmp_path / "ok", master_cells() + ["pass"] * 100)
+    assert grade(ok)["score"] == 12
+
+
 def test_notes_and_messages_are_capped(env, tmp_path):
     failing = [f"raise ValueError({i})" for i in range(3000)]
     out = tmp_path / "r.json"

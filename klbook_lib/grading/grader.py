@@ -42,6 +42,8 @@ MAX_RUNS = 8                # a notebook that hangs again and again is not run f
 MAX_NOTEBOOK_BYTES = 50 << 20
 PARSE_MEMORY_BYTES = 1 << 30    # the notebook's JSON is parsed in a child limited to this
 PARSE_SECONDS = 60.0
+MAX_CELLS = 2_000               # cells of a notebook, markdown included (the largest master has 29)
+MAX_CODE_CHARS = 2_000_000      # characters of all its code cells together (the largest master: about 9,000)
 MAX_NOTES = 40              # general notes of one result (then one line: how many more)
 MAX_MESSAGES = 40           # messages of one question (then one line: how many more)
 MAX_OUTPUT_CHARS = 1_000_000
@@ -730,7 +732,9 @@ try:
     nb = json.loads(sys.stdin.buffer.read().decode("utf-8"))
     if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
         raise ValueError("the notebook has no list of cells")
-    cells, where, question = [], [], ""
+    if len(nb["cells"]) > @MAX_CELLS@:
+        raise ValueError(f"it has {len(nb['cells']):,} cells, more than @MAX_CELLS_TEXT@")
+    cells, where, question, size = [], [], "", 0
     for k, cell in enumerate(nb["cells"]):
         if not isinstance(cell, dict):
             continue
@@ -746,6 +750,9 @@ try:
             continue
         if not isinstance(src, str):
             raise ValueError("a code cell's source is not text")
+        size += len(src)
+        if size > @MAX_CODE@:
+            raise ValueError("its code cells hold more than @MAX_CODE_TEXT@ characters")
         cells.append(src)
         where.append([k + 1, question])
     nb["cells"] = None
@@ -768,8 +775,10 @@ def read_notebook(raw: bytes, where: list | None = None) -> tuple[list[str], Any
     none), parsed in a child process limited to :data:`PARSE_MEMORY_BYTES` of memory.
     Raises ValueError with the reason when the notebook cannot be read. ``where``, if given, is
     filled with the name of each code cell as the student sees it (:func:`cell_name`)."""
-    code = _PARSER.replace("@TEXT@", f"{PARSE_MEMORY_BYTES >> 20} MB").replace(
-        "@BYTES@", str(PARSE_MEMORY_BYTES))
+    code = (_PARSER.replace("@TEXT@", f"{PARSE_MEMORY_BYTES >> 20} MB")
+            .replace("@BYTES@", str(PARSE_MEMORY_BYTES))
+            .replace("@MAX_CELLS_TEXT@", f"{MAX_CELLS:,}").replace("@MAX_CELLS@", str(MAX_CELLS))
+            .replace("@MAX_CODE_TEXT@", f"{MAX_CODE_CHARS:,}").replace("@MAX_CODE@", str(MAX_CODE_CHARS)))
     try:
         res = subprocess.run([sys.executable, "-I", "-S", "-c", code], input=raw,
                              capture_output=True, timeout=PARSE_SECONDS)
