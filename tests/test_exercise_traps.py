@@ -870,3 +870,11 @@ def test_issue36_ex07_the_score_on_the_last_column_scores_zero(tmp_path):
     assert q1["points"] == 0, q1["messages"]
     assert "core case" in q1["messages"][0], q1["messages"]
     assert question(r, "q5")["points"] == question(r, "q5")["max_points"]
+
+
+def test_issue36_grading_md_states_the_modules_each_question_offers():
+    """grading.md's table of the modules each sandbox offers is the bank's, as it is now."""
+    from klbook_lib.grading import grader as G
+
+    text = (REPO / "grading.md").read_text(encoding="utf-8")
+    assert G.offered_modules_table() in text

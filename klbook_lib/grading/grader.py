@@ -888,6 +888,26 @@ def _sessions(questions, cell_library: list) -> list[tuple[list[tuple], bool, tu
     return out
 
 
+def offered_modules_table() -> str:
+    """grading.md's table of the ``klbook_lib`` modules each question's sandbox offers, made
+    from the bank (``tests/test_exercise_traps.py`` checks that the page holds it as it is)."""
+    from klbook_lib.grading.hidden import bank
+
+    lines = ["| exercise | questions | sandbox | modules it offers |", "|---|---|---|---|"]
+    for ex in bank.exercise_names():
+        qs = bank.questions(ex)
+        groups = _sessions(qs, [m for q in qs for m in q.library])
+        if not any(lib for _, _, lib in groups) and len(groups) == 1:
+            continue
+        for k, (part, task, library) in enumerate(groups):
+            if not part:
+                continue
+            kind = "training runs" if task else ("cells" if k == 0 else "its own")
+            mods = ", ".join(f"`{m}`" for m in library) or "none"
+            lines.append(f"| `{ex}` | {', '.join(q.id for q, _ in part)} | {kind} | {mods} |")
+    return "\n".join(lines)
+
+
 def _merge(q, parts: list[tuple[list[int], dict | None]]) -> dict | None:
     """One question's answer from the sessions that asked parts of it."""
     answered = [(idx, a) for idx, a in parts if isinstance(a, dict)]
