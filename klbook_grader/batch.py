@@ -96,10 +96,23 @@ class Student:
 
 
 # ---------------------------------------------------------------- names and CSV cells
+def not_utf8(name: str) -> str | None:
+    """Why ``name`` (as ``os.scandir`` gives it) is not valid UTF-8, or ``None``: its bytes are
+    shown as escapes, never dropped (``bad\\xff`` would otherwise show as ``bad``, issue 36)."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raw = os.fsencode(name)
+        return f"the name is not valid UTF-8 ({ascii(raw)[2:-1]}): rename it"
+    return None
+
+
 def student_name_problem(name: str) -> str | None:
     """Why a folder name cannot be a student's name, or ``None`` if it can."""
     if not name:
         return "the name is empty"
+    if not_utf8(name):
+        return not_utf8(name)
     if len(name) > MAX_NAME:
         return f"the name is longer than {MAX_NAME} characters"
     if not name.isprintable():
@@ -200,6 +213,10 @@ def _scan_student(student: Student) -> None:
             continue
         if not e.name.endswith(".ipynb"):
             student.ignored.append(f"{shown} (not a notebook)")
+            continue
+        if not_utf8(e.name):
+            student.submissions.append(Submission(student.name, ascii(os.fsencode(e.name))[2:-1],
+                                                  error=not_utf8(e.name)))
             continue
         if not stat.S_ISREG(st.st_mode):
             student.submissions.append(Submission(student.name, e.name,

@@ -135,14 +135,31 @@ def compare_numeric(expected: np.ndarray, got_data: Any, rtol: float, atol: floa
         return False, f"wrong shape: expected {want}, got {have}"
     shown = (f"expected {describe(expected)}, got {describe(got)}" if reveal
              else f"got {describe(got)}")
-    if np.isnan(got).any():
-        return False, f"returned NaN ({shown})"
-    same_inf = np.where(np.isinf(expected), got == expected, True)
+    nan = np.isnan(got)
     finite = np.isfinite(expected)
-    err = np.abs(got[finite] - expected[finite])
-    if not same_inf.all() or not (err <= atol + rtol * np.abs(expected[finite])).all():
+    with np.errstate(invalid="ignore", over="ignore"):
+        close = np.abs(got - np.where(finite, expected, 0.0)) <= atol + rtol * np.abs(np.where(finite, expected, 0.0))
+    good = ~nan & np.where(finite, close, got == expected)
+    if nan.any():
+        if got.ndim:
+            return False, f"returned NaN: {_first(nan, got, expected, reveal, 'NaN')}"
+        return False, f"returned NaN ({shown})"
+    if not good.all():
+        if got.ndim:      # where the answer goes wrong, not a truncated dump (issue 36)
+            return False, f"wrong value: {_first(~good, got, expected, reveal)} ({tolerance_text(rtol, atol)})"
         return False, f"wrong value: {shown} ({tolerance_text(rtol, atol)})"
     return True, "ok"
+
+
+def _first(bad: np.ndarray, got: np.ndarray, expected: np.ndarray, reveal: bool,
+           what: str = "wrong") -> str:
+    """The first entry (in row-major order) that is wrong, its position, and how many are."""
+    idx = tuple(int(i) for i in np.argwhere(bad)[0])
+    where = f"[{', '.join(map(str, idx))}]"
+    text = f"{int(bad.sum())} of {bad.size} entries {what}; the first at index {where}: got {float(got[idx]):.6g}"
+    if reveal:
+        text += f", expected {float(expected[idx]):.6g}"
+    return text
 
 
 def tolerance_text(rtol: float, atol: float) -> str:

@@ -37,13 +37,17 @@ DEFAULT_CELL_TIMEOUT = 20.0
 DEFAULT_CALL_TIMEOUT = 5.0
 STARTUP_SECONDS = 60.0      # from starting the sandbox to its first event
 IDLE_SECONDS = 30.0         # the runner's own work between two events
+AFTER_STEP_SECONDS = 5.0    # past a cell's or a question's limit, until the runner's next step
 MAX_RUNS = 8                # a notebook that hangs again and again is not run forever
 MAX_NOTEBOOK_BYTES = 50 << 20
 PARSE_MEMORY_BYTES = 1 << 30    # the notebook's JSON is parsed in a child limited to this
 PARSE_SECONDS = 60.0
+MAX_CELLS = 5_000               # cells of a notebook, markdown included (the largest master has 29)
+MAX_CODE_CHARS = 2_000_000      # characters of all its code cells together (the largest master: about 9,000)
 MAX_NOTES = 40              # general notes of one result (then one line: how many more)
 MAX_MESSAGES = 40           # messages of one question (then one line: how many more)
 MAX_OUTPUT_CHARS = 1_000_000
+SANDBOX_NOTE = "the notebook's process reports: "   # the label of every note sent from the sandbox
 PIPE_TAIL = 4000            # bytes of the sandbox's stdout/stderr kept for messages
 
 
@@ -249,7 +253,10 @@ class _Session:
             tails[f] = bytearray()
         now = time.monotonic()
         state = {"activity": ("startup",), "until": now + STARTUP_SECONDS, "partial": None,
-                 "done": False, "events": 0}
+                 "done": False, "events": 0,
+                 # timers the notebook cannot reset: each cell index and each (question,
+                 # evaluation, case) gets one clock, started at its first message of this run
+                 "timers": {}, "last_cell": -1, "asked": {}}
         result_open, exited_at = True, None
         outcome = None
         try:
@@ -324,20 +331,30 @@ class _Session:
         self._abandon(state, outcome)
         return outcome
 
-    @staticmethod
-    def _legal(ev: dict, state: dict) -> bool:
+    def _legal(self, ev: dict, state: dict) -> bool:
         """Is ``ev`` a step the runner can take from where it is? Student code, which can
         write into the pipe while its cell or call runs, cannot forge the runner's steps."""
         kind, act = ev["ev"], state["activity"]
         if kind == "note":
             return True
         if act[0] in ("startup", "idle"):
-            return (kind == "cell" and ev["t"] == "start") or (
-                kind == "q" and ev["t"] == "start") or kind == "done"
+            if kind == "cell" and ev["t"] == "start":
+                # cells run in order, once each: a cell index never starts twice in a run
+                return ev["i"] > state.get("last_cell", -1)
+            if kind == "q" and ev["t"] == "start":
+                # the runner asks a question once after a cell (a value is read once more at
+                # the very end): a question cannot be started again to reset its clocks
+                asked = state.get("asked", {}).get((ev["q"], state.get("last_cell", -1)), 0)
+                q = self.qmap.get(ev["q"])
+                return q is not None and asked < (1 if q["kind"] == "function" else 2)
+            return kind == "done"
         if act[0] == "cell":
             return kind == "cell" and ev["t"] == "end" and ev["i"] == act[1]
         if act[0] == "q":
-            return ev.get("q") == act[1] and (kind in ("call", "missing") or (
+            p = state.get("partial")
+            if kind == "call":             # call ids strictly increasing within an evaluation
+                return ev.get("q") == act[1] and (p is None or ev["j"] > p.get("last_j", -1))
+            return ev.get("q") == act[1] and (kind == "missing" or (
                 kind == "q" and ev["t"] == "end"))
         if act[0] == "call":
             return ev.get("q") == act[1] and (
@@ -351,36 +368,59 @@ class _Session:
         now = time.monotonic()
         state["events"] += 1
         kind = ev["ev"]
+        timers = state.setdefault("timers", {})
         if kind == "cell":
             if ev["t"] == "start":
+                state["last_cell"] = ev["i"]
+                t0 = timers.setdefault(("cell", ev["i"]), now)
                 state["activity"] = ("cell", ev["i"])
-                state["until"] = now + self.cell_timeout + _grace(self.cell_timeout)
+                state["until"] = t0 + self.cell_timeout + _grace(self.cell_timeout)
             else:
                 if ev["ok"]:
                     self.cell_errors.pop(ev["i"], None)
                 else:
                     self.cell_errors[ev["i"]] = clean(ev.get("error", "failed"))
                 state["activity"] = ("idle",)
-                state["until"] = now + IDLE_SECONDS
+                # the runner's next step follows at once: an "end" the cell forged itself
+                # while it went on running buys it no more than a few seconds past its limit
+                cell_until = timers[("cell", ev["i"])] + self.cell_timeout + _grace(self.cell_timeout)
+                state["until"] = min(now + IDLE_SECONDS, max(cell_until, now + AFTER_STEP_SECONDS))
         elif kind == "q":
             q = self.qmap[ev["q"]]
             if ev["t"] == "start":
-                state["partial"] = {"q": q["id"], "cases": {}, "value": None, "missing": None, "t0": now}
+                key = (q["id"], state.get("last_cell", -1))
+                asked = state.setdefault("asked", {})
+                asked[key] = asked.get(key, 0) + 1
+                seconds = float(q["timeout"])
+                state["partial"] = {"q": q["id"], "cases": {}, "value": None, "missing": None,
+                                    "t0": now, "last_j": -1, "spent": 0.0, "call_t0": None,
+                                    "evaluation": key + (asked[key],),
+                                    # the whole evaluation: every call at its limit, at most
+                                    "budget_until": now + AFTER_STEP_SECONDS + max(1, len(q["cases"])) * (
+                                        seconds + _grace(seconds))}
                 state["activity"] = ("q", q["id"])
             elif state["partial"] is not None and state["partial"]["q"] == q["id"]:
+                budget = state["partial"]["budget_until"]
                 self._commit(state["partial"], now)
                 state["partial"] = None
                 state["activity"] = ("idle",)
+                state["until"] = min(now + IDLE_SECONDS, max(budget, now + AFTER_STEP_SECONDS))
+                return
             state["until"] = now + IDLE_SECONDS
         elif kind == "call":
             p = state["partial"]
             if p is not None and p["q"] == ev["q"]:
                 seconds = float(self.qmap[ev["q"]]["timeout"])
+                t0 = timers.setdefault(("call",) + p["evaluation"] + (ev["j"],), now)
+                p["last_j"], p["call_t0"] = ev["j"], t0
                 state["activity"] = ("call", ev["q"], ev["j"])
-                state["until"] = now + seconds + _grace(seconds)
+                state["until"] = min(t0 + seconds + _grace(seconds), p["budget_until"])
         elif kind in ("case", "value", "missing"):
             p = state["partial"]
             if p is not None and p["q"] == ev["q"]:
+                if p.get("call_t0") is not None:     # the question's time: its calls summed
+                    p["spent"] += now - p["call_t0"]
+                    p["call_t0"] = None
                 if kind == "case":
                     p["cases"][ev["j"]] = ev["r"]
                 elif kind == "value":
@@ -388,7 +428,7 @@ class _Session:
                 else:
                     p["missing"] = clean(ev["why"])
                 state["activity"] = ("q", ev["q"])
-                state["until"] = now + IDLE_SECONDS
+                state["until"] = min(now + IDLE_SECONDS, max(p["budget_until"], now + AFTER_STEP_SECONDS))
         elif kind == "note":
             text = clean(ev["text"])
             if text and text not in self.student_notes and len(self.student_notes) < 20:
@@ -422,7 +462,10 @@ class _Session:
         else:
             answer = {"error": stop or "no answer was reported"}
         self.answers[q["id"]] = answer
-        self.seconds[q["id"]] = round(now - p["t0"], 3)
+        spent = p.get("spent", now - p["t0"])
+        if p.get("call_t0") is not None:         # the call that was interrupted
+            spent += now - p["call_t0"]
+        self.seconds[q["id"]] = round(spent, 3)
 
     def _abandon(self, state: dict, outcome: tuple) -> None:
         """After a kill or a crash: record what was interrupted, decide what to skip."""
@@ -576,7 +619,9 @@ def _score_question(q, expected, answer, unanswered: str) -> dict:
             out["messages"].append("the answers for the test cases are incomplete")
             return out
         passed = 0
+        credits: dict[int, float] = {}
         core_failed: list[int] = []
+        same = _identical_runs(q, results)
         for i, (case, exp, res) in enumerate(zip(q.cases, expected, results)):
             label = f"{'public' if case.public else 'hidden'} case {i + 1}"
             core = bool(getattr(case, "core", False))
@@ -592,18 +637,28 @@ def _score_question(q, expected, answer, unanswered: str) -> dict:
                     core_failed.append(i + 1)
                 continue
             judge = getattr(q, "judge_case", None)  # outcome-graded cases (hidden/bank.py)
-            if judge is not None:
+            if i in same:
+                credit, why = 0.0, (f"this run returned exactly what the run of case {same[i] + 1} "
+                                    "returned on another seed: a run that samples differs from seed "
+                                    "to seed (a written-down or exactly computed table earns nothing)")
+            elif judge is not None:
                 credit, why = judge(case, exp, res["value"])
             else:
                 ok, why = compare.compare_numeric(exp, res["value"], q.rtol, q.atol, reveal=case.public)
                 credit = 1.0 if ok else 0.0
             passed += credit
+            credits[i] = credit
             if core and credit < 1:
                 core_failed.append(i + 1)
             if credit < 1 or getattr(case, "judge", None) is not None:
                 out["messages"].append(f"{label}: {clean(why, 500)}")
         full = getattr(q, "full_marks_at", None) or len(expected)   # e.g. 3 of 4 training seeds
         out["points"] = 0.0 if core_failed else q.points * min(1.0, passed / full)
+        groups = getattr(q, "run_groups", ()) or ()
+        if groups and not core_failed:      # each group (a placement's runs) earns its own share
+            n = sum(len(g) for g in groups)
+            share = [(len(g) / n, sum(credits.get(k, 0.0) for k in g), full * len(g) / n) for g in groups]
+            out["points"] = q.points * sum(w * min(1.0, got / need) for w, got, need in share)
         head = (f"{_fmt(passed)}/{len(expected)} test cases passed"
                 + (f" (full marks at {full})" if full < len(expected) else ""))
         if core_failed:
@@ -621,6 +676,38 @@ def _score_question(q, expected, answer, unanswered: str) -> dict:
         ok, why = compare.compare_choice(expected, answer["value"], q.options, getattr(q, "explain", None))
     out["points"] = float(q.points) if ok else 0.0
     out["messages"].append("correct" if ok else clean(why, 500))
+    return out
+
+
+def _require(questions, scored: list[dict]) -> None:
+    """A question that trains with the student's own functions (``Question.requires``) earns
+    nothing while one of those functions scores nothing on its own question (issue 36)."""
+    by_id = {s["id"]: s for s in scored}
+    for q, s in zip(questions, scored):
+        failed = [r for r in getattr(q, "requires", ()) if r in by_id and by_id[r]["points"] <= 0]
+        if failed and s["points"] > 0:
+            names = ", ".join(f"{r} (`{next(x.name for x in questions if x.id == r)}`)" for r in failed)
+            s["points"] = 0.0
+            s["messages"].insert(0, f"no points: this run trains with your answer to {names}, "
+                                    "which scored nothing on its own cases (where the library's "
+                                    "version cannot be imported); the training counts only once "
+                                    "the function it uses is yours")
+
+
+def _identical_runs(q, results: list) -> dict[int, int]:
+    """Outcome-graded cases whose result equals that of another such case with other arguments
+    (another seed): a run that samples never returns the same thing twice (issue 36: the exact
+    optimum and exact gradient ascent gave one table for every seed). Maps a case to the other."""
+    seen: dict[str, int] = {}
+    out: dict[int, int] = {}
+    for i, (case, res) in enumerate(zip(q.cases, results)):
+        if getattr(case, "judge", None) is None or not isinstance(res, dict) or "value" not in res:
+            continue
+        key = json.dumps(res["value"], sort_keys=True)
+        if key in seen and q.cases[seen[key]].args != case.args:
+            out[i] = seen[key]
+            out.setdefault(seen[key], i)
+        seen.setdefault(key, i)
     return out
 
 
@@ -645,7 +732,9 @@ try:
     nb = json.loads(sys.stdin.buffer.read().decode("utf-8"))
     if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
         raise ValueError("the notebook has no list of cells")
-    cells, where, question = [], [], ""
+    if len(nb["cells"]) > @MAX_CELLS@:
+        raise ValueError(f"it has {len(nb['cells']):,} cells, more than @MAX_CELLS_TEXT@")
+    cells, where, question, size = [], [], "", 0
     for k, cell in enumerate(nb["cells"]):
         if not isinstance(cell, dict):
             continue
@@ -661,6 +750,9 @@ try:
             continue
         if not isinstance(src, str):
             raise ValueError("a code cell's source is not text")
+        size += len(src)
+        if size > @MAX_CODE@:
+            raise ValueError("its code cells hold more than @MAX_CODE_TEXT@ characters")
         cells.append(src)
         where.append([k + 1, question])
     nb["cells"] = None
@@ -683,8 +775,10 @@ def read_notebook(raw: bytes, where: list | None = None) -> tuple[list[str], Any
     none), parsed in a child process limited to :data:`PARSE_MEMORY_BYTES` of memory.
     Raises ValueError with the reason when the notebook cannot be read. ``where``, if given, is
     filled with the name of each code cell as the student sees it (:func:`cell_name`)."""
-    code = _PARSER.replace("@TEXT@", f"{PARSE_MEMORY_BYTES >> 20} MB").replace(
-        "@BYTES@", str(PARSE_MEMORY_BYTES))
+    code = (_PARSER.replace("@TEXT@", f"{PARSE_MEMORY_BYTES >> 20} MB")
+            .replace("@BYTES@", str(PARSE_MEMORY_BYTES))
+            .replace("@MAX_CELLS_TEXT@", f"{MAX_CELLS:,}").replace("@MAX_CELLS@", str(MAX_CELLS))
+            .replace("@MAX_CODE_TEXT@", f"{MAX_CODE_CHARS:,}").replace("@MAX_CODE@", str(MAX_CODE_CHARS)))
     try:
         res = subprocess.run([sys.executable, "-I", "-S", "-c", code], input=raw,
                              capture_output=True, timeout=PARSE_SECONDS)
@@ -741,7 +835,9 @@ def task_data(questions) -> tuple:
 def _plan_question(q, call_timeout: float, cases: list[int]) -> dict:
     return {"id": q.id, "kind": q.kind, "name": q.name,
             "timeout": float(q.timeout or call_timeout),
-            "cases": [{"args": q.cases[j].encoded_args()} for j in cases]}
+            "cases": [dict({"args": q.cases[j].encoded_args()},
+                           **({"grad": True} if getattr(q.cases[j], "grad", None) else {}))
+                      for j in cases]}
 
 
 def _split(questions) -> tuple[list[tuple], list[tuple]]:
@@ -761,6 +857,55 @@ def _split(questions) -> tuple[list[tuple], list[tuple]]:
         if judged:
             tasks.append((q, judged))
     return plain, tasks
+
+
+def _sessions(questions, cell_library: list) -> list[tuple[list[tuple], bool, tuple]]:
+    """The sandboxes of one grading, each as ``(part, is_task, library)``: first the cells'
+    sandbox (the modules every question declares and what importing them imports, never what
+    they import inside functions), then one per question whose ``refused`` modules that
+    sandbox offers (with only the question's own modules), then the tasks' sandbox (also the
+    modules the outcome-graded cases declare). No sandbox ever offers a question's refused
+    module (issue 36)."""
+    plain, tasks = _split(questions)
+    union = sandbox.library_closure(cell_library)
+    main, alone = [], []
+    for q, idx in plain:
+        if set(getattr(q, "refused", ())) & set(union):
+            own = sandbox.library_closure(q.library)
+            alone.append(([(q, idx)], False, own))
+        else:
+            main.append((q, idx))
+    out = [(main, False, union)] + alone
+    if tasks:
+        out.append((tasks, True, sandbox.library_closure(
+            cell_library + [m for q, _ in tasks for m in q.task_library])))
+    for part, _, library in out:
+        for q, _ in part:
+            bad = set(getattr(q, "refused", ())) & set(library)
+            if bad:
+                raise GraderError(f"the question bank offers {q.id} a module that answers it: "
+                                  f"{', '.join(sorted(bad))}")
+    return out
+
+
+def offered_modules_table() -> str:
+    """grading.md's table of the ``klbook_lib`` modules each question's sandbox offers, made
+    from the bank (``tests/test_exercise_traps.py`` checks that the page holds it as it is)."""
+    from klbook_grader.hidden import bank
+
+    lines = ["| exercise | questions | sandbox | modules it offers |", "|---|---|---|---|"]
+    for ex in bank.exercise_names():
+        qs = bank.questions(ex)
+        groups = _sessions(qs, [m for q in qs for m in q.library])
+        if not any(lib for _, _, lib in groups) and len(groups) == 1:
+            continue
+        for k, (part, task, library) in enumerate(groups):
+            if not part:
+                continue
+            kind = "training runs" if task else ("cells" if k == 0 else "its own")
+            mods = ", ".join(f"`{m}`" for m in library) or "none"
+            lines.append(f"| `{ex}` | {', '.join(q.id for q, _ in part)} | {kind} | {mods} |")
+    return "\n".join(lines)
 
 
 def _merge(q, parts: list[tuple[list[int], dict | None]]) -> dict | None:
@@ -835,22 +980,18 @@ def grade(notebook: str | os.PathLike, exercise: str | None = None, timeout: flo
     limits = base.merged(memory_bytes=max(memory, base.memory_bytes),
                          total_memory_bytes=max(memory, base.total_memory_bytes))
     sessions: list[tuple[_Session, list[tuple]]] = []
+    kinds: list[str] = []          # "cells", "alone" (a question refusing a module), "task"
     if cells is not None:
         if not any(c.strip() for c in cells):
             notes.append("the notebook has no code")
         nb_name = re.sub(r"[^A-Za-z0-9._-]", "_", path.name)[:100] or "submission.ipynb"
         text = raw.decode("utf-8")
         deadline = start + timeout
-        plain, tasks = _split(questions)
         cell_library = [m for q in questions for m in q.library]
-        for part, task in ((plain, False), (tasks, True)):
+        groups_of = _sessions(questions, cell_library)
+        for part, task, library in groups_of:
             if not part:
                 continue
-            # the cells' sandbox: the declared modules and what importing them imports; the
-            # tasks' sandbox: also the task modules and everything they import when called
-            library = sandbox.library_closure(
-                cell_library + ([m for q, _ in part for m in q.task_library] if task else []),
-                everything=task)
             data: tuple = ()
             if task:
                 try:
@@ -863,15 +1004,28 @@ def grade(notebook: str | os.PathLike, exercise: str | None = None, timeout: flo
                                data_dirs=data)
             session.run(deadline)
             sessions.append((session, part))
+            kinds.append("task" if task else ("alone" if part is not groups_of[0][0] else "cells"))
         cell_errors: dict[int, str] = {}
         for k, (session, _) in enumerate(sessions):
+            if kinds[k] == "alone":    # cells importing what that sandbox lacks fail there, by design
+                continue
             for i, why in session.cell_errors.items():
-                cell_errors.setdefault(i, why + (" (in the sandbox of the training tasks)" if k else ""))
+                cell_errors.setdefault(i, why + (" (in the sandbox of the training tasks)"
+                                                 if kinds[k] == "task" else ""))
         for i in sorted(cell_errors):
             where = names[i] if i < len(names) else cell_name(i)
             notes.append(f"{where} failed: {cell_errors[i]}")
-        for session, _ in sessions:
-            notes.extend(n for n in session.notes + session.student_notes if n not in notes)
+        for k, (session, part) in enumerate(sessions):
+            # what the sandbox sends is the notebook's word, whoever wrote it (the runner or a
+            # cell writing into its pipe): labelled, never shown as the grader's own (issue 36)
+            own = session.notes + [SANDBOX_NOTE + n for n in session.student_notes]
+            if kinds[k] == "alone":     # only the refusals of what answers that question
+                refused = [m for q, _ in part for m in q.refused]
+                own = session.notes + [
+                    f"{SANDBOX_NOTE}{n} (question {part[0][0].id} is graded in a sandbox without it)"
+                    for n in session.student_notes
+                    if "refused while grading" in n and any(f"import of {m} " in n for m in refused)]
+            notes.extend(n for n in own if n not in notes)
             if session.rejected:
                 notes.append(f"the notebook's process sent {session.rejected} malformed message(s); "
                              "they were ignored")
@@ -886,6 +1040,7 @@ def grade(notebook: str | os.PathLike, exercise: str | None = None, timeout: flo
         if took:
             seconds[q.id] = round(sum(took), 3)
     scored = [_score_question(q, e, answers.get(q.id), unanswered) for q, e in zip(questions, expected)]
+    _require(questions, scored)
     for s in scored:
         s["messages"] = cap(s["messages"], MAX_MESSAGES, "messages")
         if s["id"] in seconds:
@@ -897,8 +1052,10 @@ def grade(notebook: str | os.PathLike, exercise: str | None = None, timeout: flo
             "isolation": f"{backend.describe()}; {groups.describe()}",
             # runs of the notebook's sandbox (more than 1 after a cell or call that hung); the
             # sandbox of the training tasks, if any, apart
-            "runs": sessions[0][0].runs if sessions else 0,
-            "task_runs": sum(s.runs for s, _ in sessions[1:]),
+            "runs": sum(s.runs for k, (s, _) in enumerate(sessions) if kinds[k] == "cells"),
+            "task_runs": sum(s.runs for k, (s, _) in enumerate(sessions) if kinds[k] == "task"),
+            # the sandboxes of questions graded apart, without a module that answers them
+            "question_runs": sum(s.runs for k, (s, _) in enumerate(sessions) if kinds[k] == "alone"),
             "seconds": round(time.monotonic() - start, 2)}
 
 

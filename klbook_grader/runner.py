@@ -50,6 +50,10 @@ class _Timeout(BaseException):
     """Raised by the alarm signal when a cell or a call runs too long."""
 
 
+class _NoGradient(Exception):
+    """A case asks for a gradient and the function's result carries none."""
+
+
 class _Channel:
     """The result pipe: one JSON object per line, written only by the runner's own process."""
 
@@ -383,10 +387,26 @@ def run(plan: dict) -> None:
         except BaseException:  # noqa: BLE001
             return type(exc).__name__
 
-    def run_case(fn, args, seconds):
+    def gradient(fn, args, seconds):
+        """d sum(fn(*args)) / d args[0], by autograd (a case whose answer is a gradient)."""
+        import torch
+
+        if not isinstance(args[0], torch.Tensor):
+            raise TypeError("the first argument is not a tensor")
+        x = args[0].detach().clone().requires_grad_(True)
+        out = timed(seconds, fn, x, *args[1:])
+        if not isinstance(out, torch.Tensor) or not out.requires_grad:
+            raise _NoGradient
+        (g,) = timed(seconds, lambda: torch.autograd.grad(out.sum(), x, allow_unused=True))
+        return torch.zeros_like(x) if g is None else g.detach()
+
+    def run_case(fn, args, seconds, grad=False):
         try:
-            value = timed(seconds, fn, *args)
+            value = gradient(fn, args, seconds) if grad else timed(seconds, fn, *args)
             return {"value": timed(seconds, encode, value)}
+        except _NoGradient:
+            return {"error": "the result carries no gradient with respect to the first argument "
+                             "(was something detached, or converted to numpy?)"}
         except NotImplementedError:
             return {"error": "not implemented yet"}
         except _Timeout:
@@ -424,7 +444,7 @@ def run(plan: dict) -> None:
                             r = {"error": "could not build the test input: " + _safe_str(exc)}
                     channel.send({"ev": "call", "q": qid, "j": j})
                     if args is not None:
-                        r = run_case(obj, args, seconds)
+                        r = run_case(obj, args, seconds, bool(case.get("grad")))
                         timed_out = bool(r.pop("timeout", False))
                     channel.send({"ev": "case", "q": qid, "j": j, "r": r})
         else:

@@ -290,6 +290,10 @@ def library_closure(modules, everything: bool = False) -> tuple[str, ...]:
     too). The rest of ``klbook_grader`` is never part of it (its public checker is in every
     sandbox anyway)."""
     named = {str(m) for m in modules}
+    for m in named:                  # issue 36: a question names modules, never a whole package
+        f = _module_file(m) if m.split(".")[0] == "klbook_lib" else None
+        if f is not None and f.name == "__init__.py" and m != "klbook_lib":
+            raise ValueError(f"library: {m!r} is a package; name the modules the question needs")
     todo = sorted(named)
     seen: list[str] = []
     while todo:

@@ -61,6 +61,9 @@ DENIED: tuple[tuple[str, str], ...] = (
 KEYCTL_JOIN_SESSION_KEYRING = 1
 CLONE_NAMESPACE_FLAGS = (0x00000080, 0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000,
                          0x20000000, 0x40000000)   # NEWTIME NEWNS NEWCGROUP NEWUTS NEWIPC NEWUSER NEWPID NEWNET
+# socket families a notebook may create (issue 36: an allow-list): AF_UNIX, AF_INET, AF_INET6;
+# socket() and socketpair() with any other family (netlink, packet, vsock, bluetooth...) fail
+SOCKET_FAMILIES = (1, 2, 10)
 INSTALL_HINT = ("install the pinned requirements (`pyseccomp` in requirements.txt) and libseccomp "
                 "(Debian/Ubuntu: `sudo apt-get install libseccomp2`, or `bash tools/ensure_seccomp.sh`)")
 
@@ -91,6 +94,12 @@ def _build() -> bytes:
     for flag in CLONE_NAMESPACE_FLAGS:
         rule(eperm, "clone", sc.Arg(0, sc.MASKED_EQ, flag, flag))
     rule(sc.ERRNO(errno.ENOSYS), "clone3")
+    top = max(SOCKET_FAMILIES)
+    for name in ("socket", "socketpair"):
+        rule(eperm, name, sc.Arg(0, sc.GT, top))                 # every family above AF_INET6
+        for family in range(top):
+            if family not in SOCKET_FAMILIES:
+                rule(eperm, name, sc.Arg(0, sc.EQ, family))
     with tempfile.TemporaryFile() as fh:
         f.export_bpf(fh)
         fh.seek(0)

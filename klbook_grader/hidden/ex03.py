@@ -15,7 +15,7 @@ A = np.array
 
 
 CARTPOLE_LIBRARY = ("klbook_lib.ppo", "klbook_lib.envs", "klbook_lib.monitor",
-                    "klbook_grader.tasks")
+                    "klbook_grader.tasks.cartpole_kl")
 # what the notebook's cells may import: the task module (it imports the PPO library only inside
 # the training call; klbook_lib.ppo computes the clipped surrogate of question 3)
 CARTPOLE_CELLS = ("klbook_grader.tasks.cartpole_kl",)
@@ -93,6 +93,6 @@ def questions() -> list[Question]:
                  tuple(pen), rtol=1e-6, atol=1e-10),
         Question("q8", "Train CartPole with your loss and your beta rule", "function", "train_cartpole", 6,
                  outcome, tuple(train), timeout=30.0, library=CARTPOLE_CELLS,
-                 task_library=CARTPOLE_LIBRARY, full_marks_at=3,
+                 task_library=CARTPOLE_LIBRARY, full_marks_at=3, requires=("q1", "q7"),
                  public_checks=(dict(args=[100], module="klbook_grader.tasks.cartpole_kl", judge="judge", kwargs={'eval_seed': 7}, why="training seed 100"),)),
     ]

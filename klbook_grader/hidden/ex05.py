@@ -16,7 +16,7 @@ EXERCISE = "ex05_kl_in_practice"
 A = np.array
 
 
-TOKEN_TRAINER_LIBRARY = ("klbook_lib.seqkl", "klbook_grader.tasks")
+TOKEN_TRAINER_LIBRARY = ("klbook_lib.seqkl", "klbook_grader.tasks.token_trainer")
 
 #: Phrases that name a bug of the broken trainer (question 5), as regular expressions (case
 #: ignored). The release's audit refuses a Python file of the student edition whose docstrings
@@ -91,7 +91,8 @@ def questions() -> list[Question]:
     ]
     return [
         Question("q1", "A dashboard of KL statistics", "function", "kl_diagnostics", 4,
-                 R.kl_diagnostics, tuple(diag), rtol=1e-6, atol=1e-10),
+                 R.kl_diagnostics, tuple(diag), rtol=1e-6, atol=1e-10,
+                 refused=("klbook_lib.estimators", "klbook_lib.monitor", "klbook_lib.diagnostics")),
         Question("q2", "Early stopping on KL", "function", "epochs_before_stop", 3,
                  R.epochs_before_stop, tuple(stop), rtol=0.0, atol=0.0),
         Question("q3", "A sudden KL jump", "choice", "answer_q3", 2, "A"),

@@ -14,7 +14,11 @@ EXERCISE = "ex07_token_level_kl"
 A = np.array
 
 
-MICRO_RLHF_LIBRARY = ("klbook_lib.rlhf", "klbook_grader.tasks")
+# what the training runs need (the library's PPO-RLHF, into which the task plugs the student's
+# reward and GAE): offered only in the tasks' sandbox, whose runs count only once questions 1
+# and 5 score points of their own (``requires``)
+MICRO_RLHF_LIBRARY = ("klbook_grader.tasks.micro_rlhf", "klbook_lib.rlhf.models", "klbook_lib.rlhf.pipeline",
+                      "klbook_lib.rlhf.ppo", "klbook_lib.rlhf.tokenizer")
 # what the notebook's cells may import: the task module and the review data it builds on
 # (klbook_lib.rlhf.rewards and .ppo compute the answers of questions 1, 2 and 5)
 MICRO_RLHF_CELLS = ("klbook_grader.tasks.micro_rlhf", "klbook_lib.rlhf.data")
@@ -30,7 +34,8 @@ def questions() -> list[Question]:
         pub(A([[-1.0, -2.0, -0.5]]), A([[-1.0, -2.0, -0.5]]), A([1.0]), A([[1.0, 1.0, 1.0]]), 0.1,
              why="policy equals reference"),
         pub(A([[-1.0, -1.0, -1.0], [-0.5, -2.0, -9.0]]), A([[-2.0, -1.0, -1.5], [-1.0, -1.0, -1.0]]),
-             A([2.0, -1.0]), A([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]]), 0.2, why="second sequence is padded"),
+             A([2.0, -1.0]), A([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]]), 0.2, why="second sequence is padded",
+             core=True),   # issue 36: the score's position is what the question is about
     ]
     for b, t in ((4, 6), (3, 9)):
         tok.append(hid(rng.normal(-2, 1, (b, t)), rng.normal(-2, 1, (b, t)), rng.normal(0, 1, b),
@@ -41,7 +46,7 @@ def questions() -> list[Question]:
                     probe="-inf log-probabilities on padded positions"))
     left = A([[0.0, 0.0, 1.0, 1.0, 1.0], [0.0, 1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0, 1.0]])
     tok.append(hid(rng.normal(-2, 1, (3, 5)), rng.normal(-2, 1, (3, 5)), rng.normal(0, 1, 3), left, 0.1,
-                    probe="left-padded rows: the last real token comes from the mask"))
+                    probe="left-padded rows: the last real token comes from the mask", core=True))
     full = padded_mask(rng, 3, 5)
     full[1] = 0.0
     tok.append(hid(rng.normal(-2, 1, (3, 5)), rng.normal(-2, 1, (3, 5)), rng.normal(0, 1, 3), full, 0.1,
@@ -85,15 +90,16 @@ def questions() -> list[Question]:
                    probe="a training run on a seed of the grader's") for s in (0, 1, 2, 3)]
     return [
         Question("q1", "Per-token rewards", "function", "per_token_rewards", 4,
-                 R.per_token_rewards, tuple(tok)),
+                 R.per_token_rewards, tuple(tok), refused=("klbook_lib.rlhf.rewards", "klbook_lib.rlhf.ppo")),
         Question("q2", "Generalised advantage estimation", "function", "gae", 3, R.gae,
                  tuple(gae_cases)),
         Question("q3", "Exact per-token KL over the vocabulary", "value", "answer_q3", 2,
                  lambda: R.kl_from_logprobs(lp3, lr3), **REL),
         Question("q4", "Summing per-token log-ratios", "choice", "answer_q4", 2, "A"),
-        Question("q5", "GAE on a padded batch", "function", "masked_gae", 4, R.masked_gae, tuple(mg)),
+        Question("q5", "GAE on a padded batch", "function", "masked_gae", 4, R.masked_gae, tuple(mg),
+                 refused=("klbook_lib.rlhf.rewards", "klbook_lib.rlhf.ppo")),
         Question("q6", "Train a micro GPT-2 with your reward and your GAE", "function", "train_rlhf", 6,
                  outcome, tuple(train), timeout=40.0, library=MICRO_RLHF_CELLS,
-                 task_library=MICRO_RLHF_LIBRARY, full_marks_at=3,
+                 task_library=MICRO_RLHF_LIBRARY, full_marks_at=3, requires=("q1", "q5"),
                  public_checks=(dict(args=[100], module="klbook_grader.tasks.micro_rlhf", judge="judge_rlhf", kwargs={'eval_seed': 7}, why="training seed 100"),)),
     ]

@@ -47,7 +47,7 @@ def questions() -> list[Question]:
                    probe="a training run on a seed of the grader's") for s in (0, 1, 2, 3)]
     return [
         Question("q1", "The DPO loss", "function", "dpo_loss", 4, R.dpo_loss, tuple(dpo),
-                 rtol=1e-6, atol=1e-9),
+                 rtol=1e-6, atol=1e-9, refused=("klbook_lib.dpo",)),
         Question("q2", "The ELBO of a discrete latent", "function", "elbo_discrete", 3,
                  R.elbo_discrete, tuple(elbo)),
         Question("q3", "DPO's implicit preference probability", "value", "answer_q3", 2,
@@ -57,7 +57,7 @@ def questions() -> list[Question]:
                  R.dpo_logit_gradient_autograd, tuple(grad), rtol=1e-6, atol=1e-10),
         Question("q6", "Train a micro GPT-2 with your DPO loss", "function", "train_dpo", 6,
                  outcome, tuple(train), timeout=40.0,
-                 library=MICRO_RLHF_CELLS, task_library=MICRO_RLHF_LIBRARY + ("klbook_lib.dpo",),
+                 library=MICRO_RLHF_CELLS, task_library=MICRO_RLHF_LIBRARY + ("klbook_lib.dpo",), requires=("q1",),
                  full_marks_at=3,
                  public_checks=(dict(args=[100], module="klbook_grader.tasks.micro_rlhf", judge="judge_dpo", kwargs={'eval_seed': 7}, why="training seed 100"),)),
     ]

@@ -123,7 +123,8 @@ def _batch(rng, B, T, spread, left=False, junk=True):
 
 def _no_tie(lp, lo, m, C):
     """Keep every token ratio and sequence weight of a case away from C (no tie to round)."""
-    lr = np.where(m > 0, lp - lo, 0.0)
+    with np.errstate(invalid="ignore"):            # -inf - -inf on the pads, left out
+        lr = np.where(m > 0, lp - lo, 0.0)
     ok = np.all(np.abs(lr - math.log(C)) > 1e-3) and np.all(np.abs(lr.sum(1) - math.log(C)) > 1e-3)
     assert ok, "a case with a ratio too close to C"
     return lp, lo, m
@@ -150,6 +151,13 @@ def questions() -> list[Question]:
     lp, lo, lr, m = _batch(rng, 3, 5, 1.5)
     q1.append(hid(lp, lo, lp + rng.normal(0, 2.0, lp.shape), m, torch=True,
                   probe="large ratios and a distant reference"))
+    # issue 36: the notebook says the pads may hold -inf; a loss computed on them and masked
+    # afterwards is right in value and NaN in its gradient (its own generator: the cases above
+    # keep their inputs)
+    rng36 = np.random.default_rng(3614)
+    lp, lo, lr, m = _batch(rng36, 5, 6, 0.4, junk=False)
+    lp, lo, lr = (np.where(m > 0, x, -np.inf) for x in (lp, lo, lr))
+    q1.append(hid(lp, lo, lr, m, torch=True, core=True, probe="-inf on every pad (log pi, pi_old and pi_ref)"))
 
     # q2: token- and sequence-level truncated / masked IS weights
     q2 = [
@@ -167,6 +175,12 @@ def questions() -> list[Question]:
         C = 1.5 if corr.startswith("token") else 2.0
         q2.append(hid(*_no_tie(lp, lo, m, C)[:2], m, corr, C, core=True,
                       probe=f"{corr}: a padded batch, -inf on the sampler's pads"))
+    for k, corr in enumerate(("token_tis", "seq_mis")):              # issue 36: -inf on both sides
+        lp, lo, _, m = _batch(rng36, 5, 6, 0.6, left=k == 1, junk=False)
+        lp, lo = (np.where(m > 0, x, -np.inf) for x in (lp, lo))
+        C = 1.5 if corr.startswith("token") else 2.0
+        q2.append(hid(*_no_tie(lp, lo, m, C)[:2], m, corr, C, core=True,
+                      probe=f"{corr}: -inf on the pads of both log-probabilities"))
     lp = A([[-1.0, -1.0, -1.0, -0.5], [-1.0, -2.0, -0.1, -0.3]])
     lo = A([[-1.5, -1.5, -1.5, -0.6], [-0.2, -1.0, -0.5, -0.1]])      # row 0: every rho < C, W > C
     m = np.ones((2, 4))
@@ -223,7 +237,7 @@ def questions() -> list[Question]:
         assert np.all(np.abs(diff - hi_) > 1e-6) and np.all(np.abs(diff + lo_) > 1e-6)
         q5.append(hid(pp, qq, adv, lo_, hi_, core=True,
                       probe=f"random tokens, low = {lo_}, high = {hi_}: the sign of the advantage"))
-    small = A([[0.01, 0.01, 0.02], [0.001, 0.05, 0.03]])
+    small = A([[0.01, 0.01, 0.02], [0.001, 0.04, 0.03]])      # no difference of exactly 0.2 (issue 36)
     q5.append(hid(small * 5, small, A([[1.0, 1.0, 1.0], [1.0, 1.0, 1.0]]), 0.2, 0.2, core=True,
                   probe="rare tokens whose ratio grew fivefold (a difference, not a ratio)"))
 

@@ -151,6 +151,7 @@ def questions() -> list[Question]:
         Question("q5", "A truncated episode in the rollout", "choice", "answer_q5", 1, "C"),
         Question("q6", "Train your PPO on the grader's seeds", "function", "train_project", 10,
                  outcome, tuple(train), timeout=90.0, library=CELLS_LIBRARY, full_marks_at=3,
+                 refused=("klbook_lib.ppo",),
                  public_checks=(dict(args=[100, 0.01], module=TASK, judge="judge",
                                      kwargs={"eval_seed": 7, "kl_target": 0.01},
                                      why="training seed 100, target 0.01"),)),

@@ -20,7 +20,9 @@ REPORT = {"tag": "report", "placeholder": "Write your report here."}
 
 TASK = "klbook_grader.tasks.rlhf_project"
 CELLS_LIBRARY = (TASK,)
-TASK_LIBRARY = ("klbook_lib.rlhf", "klbook_grader.tasks")
+# the modules the training runs call (named one by one, issue 36: not whole packages)
+TASK_LIBRARY = (TASK, "klbook_lib.rlhf.pipeline", "klbook_lib.rlhf.ppo", "klbook_lib.rlhf.models",
+                "klbook_lib.rlhf.reward_model", "klbook_lib.rlhf.tokenizer")
 EOS = 2
 TIMEOUT = 90.0      # seconds per graded run (the reference needs about 10 to 30 s here)
 

@@ -90,6 +90,30 @@ def loss_reference(logprobs, old_logprobs, ref_logprobs, advantages, mask, beta,
     return total / m.shape[0]
 
 
+def loss_gradient_reference(logprobs, old_logprobs, ref_logprobs, advantages, mask, beta, clip_range,
+                            placement) -> np.ndarray:
+    """d loss / d logprobs, written out per token: the unclipped term -rho A has derivative
+    -rho A; the clipped one has none outside the clip range; beta k3 = beta (e^(lq - lp) - 1 -
+    (lq - lp)) has beta (1 - e^(lq - lp)); each real token weighs 1 / (n_b B); pads 0."""
+    lp, lo, lq = (np.asarray(x, float) for x in (logprobs, old_logprobs, ref_logprobs))
+    a, m = np.asarray(advantages, float), np.asarray(mask, float)
+    g = np.zeros(m.shape)
+    B = m.shape[0]
+    for b in range(B):
+        n = int(sum(1 for t in range(m.shape[1]) if m[b, t] > 0))
+        for t in range(m.shape[1]):
+            if m[b, t] <= 0:
+                continue
+            rho = math.exp(float(lp[b, t]) - float(lo[b, t]))
+            rho_c = min(max(rho, 1.0 - clip_range), 1.0 + clip_range)
+            unclipped, clipped = -rho * a[b], -rho_c * a[b]
+            d = -rho * a[b] if (unclipped >= clipped or rho_c == rho) else 0.0
+            if placement == "loss":
+                d += beta * (1.0 - math.exp(float(lq[b, t]) - float(lp[b, t])))
+            g[b, t] = d / (n * B)
+    return g
+
+
 def _log_softmax(row) -> list:
     mx = max(row)
     z = math.log(sum(math.exp(x - mx) for x in row))
@@ -150,6 +174,7 @@ def _loss_batch(rng, b, t, spread, mask=None, junk=0.0, ref_spread=0.5):
 
 def questions() -> list[Question]:
     rng = np.random.default_rng(2503)
+    rng_grad = np.random.default_rng(36)     # apart, so that the other cases keep their inputs
     # q1: group-normalised advantages
     adv = [
         pub(A([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0]), 4, why="two groups of four, 0/1 rewards", torch=True,
@@ -216,6 +241,16 @@ def questions() -> list[Question]:
             0.5, 0.3, "loss", torch=True, core=True, probe="unequal lengths: how the tokens are averaged"),
         hid(*_loss_batch(rng, 5, 4, 0.3, mask=np.ones((5, 4))), 0.0, 0.2, "loss", torch=True, probe="beta = 0"),
     ]
+    # issue 36: the loss's gradient with respect to the log-probabilities (a ratio computed from
+    # detached log-probabilities has the right value and trains nothing)
+    loss += [
+        hid(*_loss_batch(rng_grad, 8, 4, 0.8), 0.3, 0.2, "loss", torch=True, core=True,
+            grad=loss_gradient_reference,
+            probe="the gradient of the loss with respect to logprobs (k3 in the loss, clipped ratios)"),
+        hid(*_loss_batch(rng_grad, 6, 4, 0.3), 0.3, 0.2, "reward", torch=True, core=True,
+            grad=loss_gradient_reference,
+            probe="the gradient of the loss with respect to logprobs (KL in the reward)"),
+    ]
     # q4: the exact expected gradient of each placement's KL term
     grad = []
     s22 = _space(2, 2, None)
@@ -251,6 +286,8 @@ def questions() -> list[Question]:
         Question("q6", "Train your GRPO on the grader's seeds", "function", "train_project", 10,
                  outcome, tuple(train), timeout=TIMEOUT, library=CELLS_LIBRARY, task_library=TASK_LIBRARY,
                  full_marks_at=5,
+                 run_groups=tuple(tuple(k for k, (_, p) in enumerate(RUNS) if p == place)
+                                  for place in ("reward", "loss")),
                  public_checks=(dict(args=[100, "loss"], module=TASK, judge="judge",
                                      kwargs={"placement": "loss"}, why="training seed 100, k3 in the loss"),
                                 dict(args=[100, "reward"], module=TASK, judge="judge",

@@ -44,6 +44,10 @@ class Case:
     probe: str = ""            # what a hidden case tests (shown in the feedback, not the answer)
     judge: Callable | None = None   # outcome-graded: judge(plain result) -> (credit, message)
     core: bool = False         # the question's points count only once every core case passes
+    # The case's answer is the gradient of the function's output (summed) with respect to its
+    # first argument, computed by autograd where the function runs; ``grad`` is the reference
+    # gradient, written out by hand (a loss right in value but detached fails it, issue 36).
+    grad: Callable | None = None
 
     def encoded_args(self) -> list:
         """The arguments as plain data; arrays marked ``torch`` arrive as float64 tensors."""
@@ -111,10 +115,24 @@ class Question:
     public_checks: tuple = ()
     # A choice question's one-sentence reason why each wrong letter is wrong (hidden/choices.py).
     explain: dict | None = None
+    # Questions whose functions this one's outcome-graded cases train with ("your reward and
+    # your GAE"): those cases earn nothing unless each of them scores points of its own, graded
+    # in the cells' sandbox where the library's answers do not exist (issue 36). The tasks'
+    # sandbox offers the training library, so a function there could call the library's
+    # version; the probe of the same name in the clean sandbox is what makes it the student's.
+    requires: tuple = ()
+    # Outcome-graded cases scored group by group (tuples of case indices, e.g. the runs of each
+    # KL placement): each group earns its share of the points, with full marks at its share of
+    # ``full_marks_at``, so that a bug confined to one group costs that group's points.
+    run_groups: tuple = ()
+    # Modules that compute this question's answer: the grader never asks the question in a
+    # sandbox that offers one of them (it gets a sandbox of its own when the notebook's other
+    # questions need them), and the bank's test checks that its own library does not.
+    refused: tuple = ()
 
     def expected(self) -> Any:
         if self.kind == "function":
-            return [np.asarray(self.ref(*c.call_args()), dtype=float) if c.judge is None
+            return [np.asarray((c.grad or self.ref)(*c.call_args()), dtype=float) if c.judge is None
                     else np.asarray(np.nan) for c in self.cases]
         if self.kind == "value":
             return np.asarray(self.ref(), dtype=float)
@@ -142,12 +160,12 @@ def pub(*args, why="", torch=False, core=False) -> Case:
     return Case(tuple(args), public=True, why=why, torch=torch, core=core)
 
 
-def hid(*args, torch=False, probe="", core=False) -> Case:
+def hid(*args, torch=False, probe="", core=False, grad=None) -> Case:
     """A hidden case; ``probe`` says what it tests (never its answer). A ``core`` case tests what
     the question is about (the mask of a padded batch, the target of a controller): while one
     fails, the question scores 0, so that a function wrong at its core earns nothing from the
     cases where the mistake happens not to show."""
-    return Case(tuple(args), public=False, torch=torch, probe=probe, core=core)
+    return Case(tuple(args), public=False, torch=torch, probe=probe, core=core, grad=grad)
 
 
 def task(*args, judge, probe="") -> Case:

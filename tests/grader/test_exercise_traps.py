@@ -412,7 +412,7 @@ def test_outcome_catches_broken_training_dynamics():
 # in the notebook's cells and the questions score 0. The same wrappers, with the library
 # offered to the cells (as it used to be), earn the points: the wrappers are right.
 LIBRARY_WRAPPERS = {
-    "ex07_token_level_kl": ({"q1": 4, "q2": 3, "q5": 4}, ("klbook_lib.rlhf",), '''
+    "ex07_token_level_kl": ({"q1": 4, "q2": 3, "q5": 4}, ("klbook_lib.rlhf.rewards", "klbook_lib.rlhf.ppo"), '''
 import torch
 from klbook_lib.rlhf.rewards import per_token_rewards as _ptr
 from klbook_lib.rlhf.ppo import gae as _gae
@@ -447,6 +447,17 @@ from klbook_lib.dpo import dpo_loss as _dpo
 def dpo_loss(logp_chosen, logp_rejected, ref_chosen, ref_rejected, beta):
     return _dpo(logp_chosen, logp_rejected, ref_chosen, ref_rejected, beta, reduction="none")[0]
 '''),
+    # issue 36: q5 declares the toy problem's library, whose seqkl imports the estimators; the
+    # dashboard of q1 is graded in a sandbox of its own that offers none of it
+    "ex05_kl_in_practice": ({"q1": 4}, ("klbook_lib.estimators",), '''
+from klbook_lib.estimators import k1_from_log_ratio as _k1, k3_from_log_ratio as _k3
+
+def kl_diagnostics(logp_new, logp_old, clip_eps):
+    lr = np.asarray(logp_new, dtype=float) - np.asarray(logp_old, dtype=float)
+    ratio = np.exp(lr)
+    return np.array([float(np.mean(_k1(lr))), float(np.mean(_k3(lr))),
+                     float(np.mean(np.abs(ratio - 1) > clip_eps))])
+'''),
     "ex03_trpo_ppo": ({"q3": 3}, ("klbook_lib.ppo",), '''
 import torch
 from klbook_lib.ppo import surrogate_loss as _surrogate
@@ -472,7 +483,7 @@ def test_wrapping_the_books_library_scores_zero(tmp_path, monkeypatch, exercise)
     real = bank.questions
 
     def offering(ex):
-        return [dataclasses.replace(q, library=q.library + modules) for q in real(ex)]
+        return [dataclasses.replace(q, library=q.library + modules, refused=()) for q in real(ex)]
 
     monkeypatch.setattr(bank, "questions", offering)
     r = grade_cells(tmp_path / "offered", exercise, cells)
@@ -666,6 +677,14 @@ def test_issue25_item6_ex01_every_kl_from_logits_case_has_a_nonzero_kl():
 # Each variant replaces one master function; the question it belongs to scores 0 (its core cases fail, except
 # the overflow variant, which loses the case that probes it) and the other questions keep their points.
 EX14_TRAPS = {
+    # issue 36: the pads may hold -inf; computed on them and masked afterwards, the value is right
+    # and the gradient NaN (finite junk on the pads let it pass)
+    "computed on the pads, masked afterwards": ("attached_k3_loss", '''def attached_k3_loss(logp, old_logp, ref_logp, mask):
+    m = mask > 0
+    rho = torch.exp(logp - old_logp.detach())
+    d = ref_logp.detach() - logp
+    return torch.where(m, rho * (torch.expm1(d) - d), torch.zeros_like(logp))
+''', "q1", "-inf on every pad (log pi, pi_old and pi_ref)", True),
     "detached ratio": ("attached_k3_loss", '''def attached_k3_loss(logp, old_logp, ref_logp, mask):
     m = mask > 0
     lp = torch.where(m, logp, torch.zeros_like(logp))
@@ -747,3 +766,115 @@ def test_ex14_offpolicy_classic_mistakes_lose_their_points(tmp_path, variant):
     for other in ("q1", "q2", "q3", "q4", "q5", "q6", "q7"):
         if other != qid:
             assert question(r, other)["points"] == question(r, other)["max_points"], (variant, other)
+
+
+# ---------------------------------------------------------------- issue 36: what each sandbox offers
+def test_issue36_every_question_names_modules_and_no_sandbox_offers_its_answer():
+    """A question names the modules it offers one by one (a package is refused), and no sandbox
+    a question is asked in offers one of its ``refused`` modules: the cells' sandbox gives a
+    question of its own to one whose answer another question's modules would bring in
+    (ex05 q1 and the estimators that ``seqkl`` imports)."""
+    from klbook_grader import grader as G, sandbox
+    from klbook_grader.hidden import bank
+
+    with pytest.raises(ValueError, match="is a package"):
+        sandbox.library_closure(["klbook_lib.rlhf"])
+    seen = {}
+    for ex in bank.exercise_names():
+        qs = bank.questions(ex)
+        for part, task, library in G._sessions(qs, [m for q in qs for m in q.library]):
+            for q, _ in part:
+                assert not set(q.refused) & set(library), (ex, q.id, library)
+                seen[(ex, q.id, task)] = library
+    assert seen[("ex05_kl_in_practice", "q1", False)] == ()
+    assert "klbook_lib.ppo" not in seen[("project1_ppo_kl", "q6", True)]
+    assert "klbook_lib.dpo" not in seen[("ex08_vi_elbo_dpo", "q1", False)]
+
+
+def test_issue36_a_run_trained_with_the_librarys_pieces_earns_nothing():
+    """ex03 q8, ex07 q6 and ex08 q6 train with the student's functions of other questions; a
+    run counts only once those functions score on their own cases (where the library's versions
+    cannot be imported). A trainer handed the library's reward and GAE scored 6/6 while q1 and q5
+    scored 0."""
+    from klbook_grader import grader as G
+    from klbook_grader.hidden import bank
+
+    wanted = {"ex03_trpo_ppo": ("q8", ("q1", "q7")), "ex07_token_level_kl": ("q6", ("q1", "q5")),
+              "ex08_vi_elbo_dpo": ("q6", ("q1",))}
+    for ex, (qid, needs) in wanted.items():
+        qs = bank.questions(ex)
+        q = next(x for x in qs if x.id == qid)
+        assert q.requires == needs, (ex, q.requires)
+        for failing in needs:
+            scored = [{"id": x.id, "points": (0.0 if x.id == failing else float(x.points)),
+                       "messages": ["..."]} for x in qs]
+            G._require(qs, scored)
+            got = next(s for s in scored if s["id"] == qid)
+            assert got["points"] == 0 and f"{failing} (`" in got["messages"][0], got
+        scored = [{"id": x.id, "points": float(x.points), "messages": ["..."]} for x in qs]
+        G._require(qs, scored)
+        assert next(s for s in scored if s["id"] == qid)["points"] == q.points
+
+
+def test_issue36_no_hidden_case_sits_on_a_threshold():
+    """A case whose input sits exactly on a threshold of its reference (ex14_offpolicy q5's
+    hidden case 6: 0.25 - 0.05 = 0.2 = high) grades `>` against `>=` instead of what the question
+    is about. Every case of the bank is probed: moving one non-integer input by a relative 1e-9
+    either way must not move the reference's answer by more than rounding (this scan flags that
+    case, and nothing else, in the bank before the fix)."""
+    from klbook_grader.hidden import bank
+
+    flagged = []
+    for ex in bank.exercise_names():
+        for q in bank.questions(ex):
+            if q.kind != "function":
+                continue
+            for j, case in enumerate(q.cases):
+                if case.judge is not None:
+                    continue
+                ref = case.grad or q.ref
+                args = case.call_args()
+                base = np.asarray(ref(*args), dtype=float)
+                base = np.where(np.isfinite(base), base, 0.0)
+                scale = 1.0 + (np.abs(base).max() if base.size else 0.0)
+                for k, a in enumerate(args):
+                    if isinstance(a, np.ndarray):
+                        fin = a[np.isfinite(a)]
+                        if not np.any(fin != np.round(fin)):
+                            continue                      # masks, token ids, integers
+                    elif not (isinstance(a, float) and a != round(a)):
+                        continue
+                    for s in (1 + 1e-9, 1 - 1e-9):
+                        moved = list(args)
+                        moved[k] = a * s
+                        out = np.asarray(ref(*moved), dtype=float)
+                        out = np.where(np.isfinite(out), out, 0.0)
+                        if out.shape == base.shape and out.size and np.abs(out - base).max() > 1e-5 * scale:
+                            flagged.append((ex, q.id, f"case {j + 1}", f"argument {k + 1}"))
+    assert not flagged, sorted(set(flagged))
+
+
+def test_issue36_ex07_the_score_on_the_last_column_scores_zero(tmp_path):
+    """ex07 q1 had no core case for where the score goes: a reward that adds it on the last
+    column whatever the mask kept 1.14 of 4 points. The padded public case and the left-padded
+    hidden case are core now."""
+    body = '''def per_token_rewards(logprobs, ref_logprobs, scores, mask, beta):
+    mask = np.asarray(mask, float)
+    rewards = np.where(mask > 0, -beta * (np.asarray(logprobs, float) - np.asarray(ref_logprobs, float)), 0.0)
+    rewards[:, -1] += np.asarray(scores, float)          # the last column, not the last real token
+    return rewards
+'''
+    cells = replace_function(quick(master_cells("ex07_token_level_kl")), "per_token_rewards", body)
+    r = grade_cells(tmp_path, "ex07_token_level_kl", cells)
+    q1 = question(r, "q1")
+    assert q1["points"] == 0, q1["messages"]
+    assert "core case" in q1["messages"][0], q1["messages"]
+    assert question(r, "q5")["points"] == question(r, "q5")["max_points"]
+
+
+def test_issue36_grading_md_states_the_modules_each_question_offers():
+    """grading.md's table of the modules each sandbox offers is the bank's, as it is now."""
+    from klbook_grader import grader as G
+
+    text = (REPO / "grading.md").read_text(encoding="utf-8")
+    assert G.offered_modules_table() in text

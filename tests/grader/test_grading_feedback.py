@@ -175,3 +175,28 @@ def test_item10_csv_max_is_filled_for_notebooks_not_graded(tmp_path):
     got = {(r[0], r[1]): r[col] for r in rows[1:]}
     assert got[("alice", "ex01_kl_definition.ipynb")] == "12"
     assert all(v != "" for v in got.values()), got
+
+
+def test_issue36_a_failed_hidden_case_names_its_probe_and_its_first_wrong_entry():
+    """A failed hidden case said what it probes, then dumped a truncated array; it now says how
+    many entries are wrong and where the first is, with the student's value there (the expected
+    one stays hidden), and a public case adds the expected value."""
+    from klbook_grader import compare
+    from klbook_grader.grader import _score_question
+
+    q = next(x for x in bank.questions("ex07_token_level_kl") if x.id == "q5")
+    expected = q.expected()
+    results = []
+    for case, exp in zip(q.cases, expected):
+        wrong = np.array(exp, dtype=float, copy=True)
+        if wrong.ndim == 2 and wrong.size > 3:
+            wrong[1, 2] += 0.5
+        results.append({"value": compare.encode(wrong)})
+    out = _score_question(q, expected, {"cases": results}, "none")
+    hidden = [m for m in out["messages"][1:] if "probes:" in m]
+    assert hidden, out["messages"]
+    for m in hidden:
+        assert re.search(r"1 of \d+ entries wrong; the first at index \[1, 2\]: got -?[0-9.e+-]+ \(", m), m
+        assert ", expected " not in m and "..." not in m, m
+    public = [m for m in out["messages"] if m.startswith("public case")]
+    assert public and all(", expected " in m for m in public), public

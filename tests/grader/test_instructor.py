@@ -577,3 +577,23 @@ def test_release_refuses_bad_folders(tmp_path):
     with pytest.raises(R.ReleaseError, match="outside the repository"):
         R.release(REPO / "_build" / "release-test")
     assert not (REPO / "_build" / "release-test").exists()
+
+
+def test_names_that_are_not_utf8_are_refused_with_a_note(tmp_path):
+    """Issue 36: a file name's non-UTF-8 bytes were dropped from the CSV (``bad\\xff`` showed as
+    ``bad``, which can collide with a real ``bad``). Such a student folder or notebook is not
+    graded, and the reason shows its bytes as escapes."""
+    root = tmp_path / "class"
+    (root / "alice").mkdir(parents=True)
+    bad_student = root / os.fsdecode(b"bad\xff")
+    bad_student.mkdir()
+    (bad_student / "ex01_kl_definition.ipynb").write_text("{}")
+    (root / "alice" / os.fsdecode(b"ex01_kl\xfe_definition.ipynb")).write_text("{}")
+    assert "not valid UTF-8" in B.student_name_problem(os.fsdecode(b"bad\xff"))
+    students, _ = B.find_submissions(root)
+    by_name = {s.name: s for s in students}
+    bad = by_name[os.fsdecode(b"bad\xff")]
+    assert bad.error and "not valid UTF-8" in bad.error and "bad\\xff" in bad.error, bad.error
+    (sub,) = by_name["alice"].submissions
+    assert sub.path is None and "not valid UTF-8" in sub.error and "\\xfe" in sub.error, sub
+    assert sub.notebook.isprintable() and "\\xfe" in sub.notebook

@@ -328,3 +328,31 @@ def test_the_reference_loop_earns_full_credit_on_more_seeds_than_the_grader_uses
     # at 231. So: full credit on most extra seeds, and on every one all but the "solved" part
     assert sum(c == 1.0 for c, _ in credits.values()) >= 2, credits
     assert all(c >= 0.8 for c, _ in credits.values()), credits
+
+
+# ---------------------------------------------------------------- issue 36: the book's PPO is not offered
+LIBRARY_TRAINER = '''
+def train_ppo_kl(seed, kl_target=0.01, budget=200_000):
+    from klbook_lib import ppo          # hands the training to the book's PPO
+    from klbook_grader.tasks import cartpole_kl
+    cfg = cartpole_kl.config(seed=seed, kl_target=kl_target, total_timesteps=budget)
+    return ppo.train(cfg, progress=False)
+'''
+
+
+def test_a_trainer_that_hands_everything_to_the_books_ppo_scores_zero(tmp_path):
+    """Issue 36: ``cartpole_kl._ppo()`` imports ``klbook_lib.ppo`` inside a function, and the
+    tasks' sandbox offered everything its modules import inside functions, so a loop calling
+    ``klbook_lib.ppo.train`` scored 10/10. Now no sandbox of this project offers the module."""
+    from klbook_grader import grader as G
+
+    cells = [c for c in _replace(_master_cells(), "train_ppo_kl", LIBRARY_TRAINER) if not c.startswith("check(")]
+    r = _grade_cells(tmp_path, cells)
+    pts = {q["id"]: q["points"] for q in r["questions"]}
+    assert pts["q6"] == 0, r["questions"]
+    assert pts["q1"] == 4 and pts["q3"] == 3, pts            # the pieces keep their points
+    assert any("import of klbook_lib.ppo refused" in n for n in r["notes"]), r["notes"]
+    from klbook_grader.hidden import bank
+    qs = bank.questions(EX)
+    for part, _, library in G._sessions(qs, [m for q in qs for m in q.library]):
+        assert "klbook_lib.ppo" not in library, (part, library)

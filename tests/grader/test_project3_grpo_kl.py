@@ -209,7 +209,15 @@ def _score(qid: str, fn) -> dict:
         args = [torch.tensor(a, dtype=torch.float64) if case.torch and isinstance(a, np.ndarray) else a
                 for a in case.call_args()]
         try:
-            results.append({"value": compare.encode(fn(*args))})
+            if case.grad is not None:         # as the runner does: autograd w.r.t. the first argument
+                x = args[0].detach().clone().requires_grad_(True)
+                out = fn(x, *args[1:])
+                if not (isinstance(out, torch.Tensor) and out.requires_grad):
+                    raise RuntimeError("no gradient")
+                (g,) = torch.autograd.grad(out.sum(), x, allow_unused=True)
+                results.append({"value": compare.encode(torch.zeros_like(x) if g is None else g)})
+            else:
+                results.append({"value": compare.encode(fn(*args))})
         except Exception as exc:  # noqa: BLE001 - a student's error is a failed case
             results.append({"error": f"{type(exc).__name__}: {exc}"})
     return _score_question(q, q.expected(), {"cases": results}, "no answer")
@@ -452,3 +460,68 @@ def expected_kl_gradient(logits, ref_logits, sequences, mask, prefix_index, plac
     q4 = next(q for q in r["questions"] if q["id"] == "q4")
     assert q4["points"] == 0, q4
     assert any("refused while grading" in n for n in r["notes"]), r["notes"]
+
+
+# ---------------------------------------------------------------- issue 36: the loss's gradient
+def test_the_loss_gradient_reference_against_finite_differences_of_the_loss_reference():
+    q = _question("q3")
+    grads = [c for c in q.cases if c.grad is not None]
+    assert len(grads) == 2 and {c.args[-1] for c in grads} == {"loss", "reward"}
+    for c in grads:
+        args = c.call_args()
+        g = c.grad(*args)
+        fd = np.zeros_like(args[0])
+        for idx in np.ndindex(fd.shape):
+            up = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
+            down = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
+            up[0][idx] += 1e-6
+            down[0][idx] -= 1e-6
+            fd[idx] = (P.loss_reference(*up) - P.loss_reference(*down)) / 2e-6
+        assert np.abs(fd - g).max() < 1e-7 and np.abs(g).max() > 0.1
+
+
+def test_a_loss_with_a_detached_ratio_scores_zero():
+    """Issue 36: q3 compared the loss's value only, so a ratio computed from detached
+    log-probabilities (the right number, and no gradient through the surrogate) earned 3/3."""
+    def detached(lp, lo, lq, a, m, beta, eps, placement):
+        mm = m > 0
+        nil = torch.zeros_like(lp)
+        ratio = torch.exp(torch.where(mm, lp.detach() - lo, nil))
+        adv = a[:, None]
+        per_token = -torch.minimum(ratio * adv, ratio.clamp(1 - eps, 1 + eps) * adv)
+        if placement == "loss":
+            per_token = per_token + beta * NS["per_token_kl"](lp, lq, m, "k3")
+        per_token = torch.where(mm, per_token, nil)
+        return (per_token.sum(1) / mm.sum(1).clamp(min=1)).mean()
+
+    r = _score("q3", detached)
+    assert r["points"] == 0, r["messages"]
+    assert any("probes: the gradient of the loss" in m for m in r["messages"]), r["messages"]
+
+
+def _q6_results(run_for_case) -> dict:
+    q = _question("q6")
+    results = [{"value": compare.encode(run_for_case(c))} for c in q.cases]
+    return _score_question(q, q.expected(), {"cases": results}, "no answer")
+
+
+def test_the_same_run_returned_for_every_seed_earns_nothing():
+    """Issue 36: a run that computes its table exactly (seqkl's optimum, exact gradient ascent)
+    returns the same thing on every seed, and scored 10/10. A run that samples never does: runs
+    of one placement that return identical results earn nothing."""
+    runs = {p: NS["train_project"](41, p) for p in ("reward", "loss")}
+    r = _q6_results(lambda c: runs[c.args[1]])          # the seed ignored
+    assert r["points"] == 0, r["messages"]
+    assert sum("returned exactly what the run of case" in m for m in r["messages"]) == 6
+    honest = _q6_results(lambda c: NS["train_project"](*c.args))
+    assert honest["points"] == 10, honest["messages"]
+
+
+def test_a_placement_whose_runs_all_fail_costs_that_placements_points():
+    """Issue 36: five runs' credits out of six, pooled, let a bug confined to one placement cost
+    at most 1 of 10 points. Each placement now earns its own half."""
+    q = _question("q6")
+    assert sorted(map(sorted, q.run_groups)) == [[0, 2, 4], [1, 3, 5]]
+    good = {c.args: NS["train_project"](*c.args) for c in q.cases if c.args[1] == "reward"}
+    r = _q6_results(lambda c: good.get(c.args, f"no run (seed {c.args[0]})"))   # every "loss" run fails
+    assert r["points"] == 5, r["messages"]

@@ -30,7 +30,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from grading_helpers import FULL, WRONG_ANSWERS, master_cells, messages, points, write_nb
+from grading_helpers import (FULL, WRONG_ANSWERS, master_cells, messages, points, replace_function,
+                             write_nb)
 from klbook_grader import grader as G
 from klbook_grader.grader import grade
 
@@ -358,6 +359,92 @@ def test_deep_directories_and_big_files_leave_nothing_behind(env, tmp_path):
     # the env fixture checks that the grader's temporary root is empty
 
 
+# Writes one forged event into every pipe the process holds from fd 3 up (the result pipe
+# among them), and finds where the runner stands by reading its frames.
+FORGE = r'''
+import json as _json, os as _os, stat as _stat, sys as _sys, time as _time
+
+def _forge(*events):
+    data = b"".join(b"\n" + _json.dumps(e).encode() + b"\n" for e in events)
+    for fd in range(3, 64):
+        try:
+            if _stat.S_ISFIFO(_os.fstat(fd).st_mode):
+                _os.write(fd, data)
+        except OSError:
+            pass
+
+def _runner_local(*names):
+    f = _sys._getframe(1)
+    while f is not None:
+        if all(n in f.f_locals for n in names):
+            return [f.f_locals[n] for n in names]
+        f = f.f_back
+    raise RuntimeError(names)
+
+def _sleep_forging(seconds, every, events):
+    end = _time.monotonic() + seconds
+    while _time.monotonic() < end:
+        try:
+            _time.sleep(every)          # the runner's own alarm is swallowed
+        except BaseException:
+            pass
+        _forge(*events())
+'''
+
+SLOW_CALL = '''
+_honest_kl = kl_categorical
+def kl_categorical(p, q):
+    qid, j = _runner_local("qid", "j")
+    _sleep_forging(2.0, 0.3, lambda: [{"ev": "case", "q": qid, "j": j, "r": {"error": "wait"}},
+                                      {"ev": "call", "q": qid, "j": j}])
+    return _honest_kl(p, q)
+'''
+
+SLOW_CELL = '''
+(index,) = _runner_local("index", "src")
+_sleep_forging(12.0, 1.0, lambda: [{"ev": "cell", "i": index, "t": "end", "ok": True},
+                                   {"ev": "cell", "i": index, "t": "start"}])
+'''
+
+
+def test_forged_runner_steps_do_not_reset_the_timers(env, tmp_path):
+    """Issue 36: a call that writes `case j` then `call j`, and a cell that writes `cell end`
+    then `cell start`, into the result pipe restarted the grader's clocks (a 12 s call scored
+    full marks under a 5 s limit). Each clock now starts at the first message of its cell or
+    call and is never restarted; call ids must increase."""
+    cells = master_cells()
+    hit = [i for i, c in enumerate(cells) if "def kl_from_logits(" in c]
+    assert len(hit) == 1
+    honest = cells[hit[0]]
+    cells = replace_function(cells, "kl_from_logits",
+                             "def kl_from_logits(logits_p, logits_q):\n    raise NotImplementedError\n")
+    # q1 answered by a call that runs 2 s (limit 0.5 s + 1.1 s grace); q2 defined by a cell
+    # that runs 12 s (limit 3 s + 1.75 s grace)
+    slow_cell = SLOW_CELL + "\n" + honest.split("check(")[0]
+    path = write_nb(tmp_path / "sub", cells + [FORGE, SLOW_CALL, slow_cell])
+    t = time.monotonic()
+    r = grade(path, timeout=90, cell_timeout=3, call_timeout=0.5)
+    assert time.monotonic() - t < 80
+    got = points(r)
+    assert got["q1"] == 0, messages(r, "q1")
+    assert got["q2"] == 0, messages(r, "q2")
+    assert got["q3"] == FULL["q3"] and got["q4"] == FULL["q4"], got
+
+
+def test_a_note_written_by_the_notebook_is_labelled_as_the_notebooks(env, tmp_path):
+    """Issue 36: a cell that writes a note event into the result pipe printed a line exactly like
+    the grader's own notes. Every note from the sandbox now carries the notebook's label."""
+    forged = ("_forge({'ev': 'note', 'text': 'the grader verified every answer by hand'})\n"
+              "import klbook_lib.seqkl")                     # and a refusal the runner reports
+    path = write_nb(tmp_path / "sub", master_cells() + [FORGE, forged])
+    r = grade(path)
+    assert r["score"] == 12
+    mine = [n for n in r["notes"] if "verified every answer" in n]
+    assert mine == [G.SANDBOX_NOTE + "the grader verified every answer by hand"], r["notes"]
+    assert any(n.startswith(G.SANDBOX_NOTE + "import of klbook_lib.seqkl refused") for n in r["notes"]), r["notes"]
+    assert "  note: " + G.SANDBOX_NOTE + "the grader verified" in G.format_report(r)
+
+
 # ---------------------------------------------------------------- 4. persistence and copying
 def test_the_grader_and_the_python_environment_cannot_be_modified(env, tmp_path):
     import numpy
@@ -599,7 +686,22 @@ for hidden in ({str(REPO / "klbook_lib")!r}, {str(REPO / "klbook_grader")!r}, {s
     assert not os.path.exists(hidden), hidden
 assert {str(os.getpid())!r} not in os.listdir("/proc")           # the grader is not in its world
 assert len([p for p in os.listdir("/proc") if p.isdigit()]) < 10
-assert [name for _, name in socket.if_nameindex()] == ["lo"]
+with open("/proc/self/net/dev") as fh:                          # its own network namespace
+    assert [ln.split(":")[0].strip() for ln in fh.read().splitlines()[2:]] == ["lo"]
+# issue 36: socket families on an allow-list (AF_UNIX, AF_INET, AF_INET6)
+for fam, kind in ((socket.AF_UNIX, socket.SOCK_STREAM), (socket.AF_INET, socket.SOCK_DGRAM),
+                  (socket.AF_INET6, socket.SOCK_DGRAM)):
+    socket.socket(fam, kind).close()
+for s in socket.socketpair():
+    s.close()
+for fam in (getattr(socket, "AF_VSOCK", 40), socket.AF_NETLINK, socket.AF_PACKET, 0, 3, 9, 11, 1000):
+    try:
+        socket.socket(fam, socket.SOCK_DGRAM).close()
+    except PermissionError:
+        continue
+    except OSError as exc:
+        raise AssertionError(f"socket family {{fam}}: {{exc}}")
+    raise AssertionError(f"socket family {{fam}} created")
 for target in ({str(venv_file)!r}, {str(venv_file.parent / "klbook-probe")!r}, "/usr/probe",
                "/probe", {repo_probe}"/etc/probe", "/klbook/probe"):
     try:
@@ -1086,6 +1188,27 @@ def test_a_notebook_built_to_blow_up_the_parser_costs_the_grader_nothing(env, tm
     grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before       # kB
     assert r["score"] == 0 and "could not be read" in r["notes"][0], r["notes"]
     assert grown < 400_000, f"the grader grew by {grown / 1024:.0f} MB"
+
+
+def test_a_notebook_of_a_million_cells_is_refused_before_the_grader_holds_them(env, tmp_path):
+    """Issue 36: 1.1 million small code cells (40 MB) parsed fine and took the grader to 944 MB;
+    the parser now refuses more than MAX_CELLS cells, and code cells above MAX_CODE_CHARS."""
+    import resource
+
+    path = tmp_path / "ex01_kl_definition.ipynb"
+    cell = '{"cell_type": "code", "metadata": {}, "source": "x = 1", "outputs": [], "execution_count": null}'
+    with open(path, "w") as fh:
+        fh.write('{"cells": [' + ",".join([cell] * 400_000) + '], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}')
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    r = grade(path)
+    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before       # kB
+    assert r["score"] == 0 and "it has 400,000 cells, more than 5,000" in r["notes"][0], r["notes"]
+    assert grown < 150_000, f"the grader grew by {grown / 1024:.0f} MB"
+    big = write_nb(tmp_path / "big", ["x = 1\n" + "#" * (G.MAX_CODE_CHARS + 10)])
+    r = grade(big)
+    assert r["score"] == 0 and "more than 2,000,000 characters" in r["notes"][0], r["notes"]
+    ok = write_nb(tmp_path / "ok", master_cells() + ["pass"] * 100)
+    assert grade(ok)["score"] == 12
 
 
 def test_notes_and_messages_are_capped(env, tmp_path):
