@@ -682,6 +682,28 @@ def test_no_image_alt_is_a_path():
     assert not bad, f"{len(bad)} images without real alt text:\n" + "\n".join(bad[:30])
 
 
+# what an alt text must never hold (issue 38): a backslash, a TeX word that lost its
+# backslash ("qto 0", "-infty", "tfrac12", "sqrtB", "varepsilon"), a dollar, TeX braces
+ALT_TEX = re.compile(r"\\|\$|[_^]\{|\b(?:mathrm|mathcal|mathbb|mathbf|operatorname|tfrac\w*|dfrac|frac|infty|"
+                     r"varepsilon|cdot|ldots|sqrt[A-Za-z0-9]\w*|qto|text\{|qquad|quad)\b")
+ALT_CUT = re.compile(r"(\u2026|\.\.\.)\s*$")
+
+
+def test_alt_texts_are_plain_text_and_never_cut():
+    """Every figure's alt text on every page (both editions) is its caption with the
+    formulas in words or plain symbols: no backslash, no TeX control word, no trailing
+    ellipsis (_ext/klbook_reader.py: plain_text, whole_sentences)."""
+    bad, seen = [], 0
+    for p in _pages():
+        for img in _article(_rel(p)).find_all("img"):
+            alt = img.get("alt") or ""
+            seen += 1
+            if ALT_TEX.search(alt) or ALT_CUT.search(alt):
+                bad.append(f"{_rel(p)}: {alt!r}")
+    assert seen >= 50, f"only {seen} images found"
+    assert not bad, f"{len(bad)} of {seen} alt texts hold TeX or end in a cut:\n" + "\n".join(bad[:30])
+
+
 INLINE_MATH_JS = """
 () => {
   const col = document.querySelector('article.bd-article');
