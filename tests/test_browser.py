@@ -849,6 +849,52 @@ def test_search_ranks_a_chapter_above_the_exercises(browser, server):
         assert max(chapters) < min(exercises), f"an exercise ranks above a chapter: {hrefs[:12]}"
 
 
+SEARCH_FIRST = [("k3", "chapters/04_estimating_kl"), ("DPO", "chapters/08_vi_elbo_dpo"),
+                ("GRPO", "chapters/11_sequence_kl_grpo"), ("TRPO", "chapters/03_trpo_ppo"),
+                ("ELBO", "chapters/08_vi_elbo_dpo"), ("distillation", "chapters/12_overoptimisation_distillation")]
+
+
+def _search(browser, server, query: str, prefix: str = "") -> tuple[list[str], list[str]]:
+    page, errors = _open(browser, urljoin(server, f"{prefix}search.html?q={query}"), LAPTOP)
+    try:
+        page.wait_for_selector("#search-results ul.search li a", timeout=20000)
+        # the summaries arrive one page fetch at a time; wait until the list stops growing
+        page.wait_for_function("() => { const s = document.getElementById('search-progress');"
+                               " return s && s.textContent.trim() !== '' && !/Preparing|Searching/i.test(s.textContent)"
+                               " || document.querySelector('#search-results > p') }", timeout=30000)
+        page.wait_for_timeout(1500)
+        hrefs = page.eval_on_selector_all("#search-results ul.search li > a",
+                                          "els => els.map(e => e.getAttribute('href'))")
+        snippets = page.eval_on_selector_all("#search-results ul.search li p.context",
+                                             "els => els.map(e => e.textContent)")
+    finally:
+        page.close()
+    assert not errors, errors
+    return hrefs, snippets
+
+
+@pytest.mark.parametrize("query,first", SEARCH_FIRST)
+def test_search_ranks_the_chapter_titled_by_the_query_first(browser, server, query, first):
+    """A query that is a word of a chapter's title finds that chapter first
+    (_static/klbook-scorer.js: a title holding every word of the query ranks above the rest)."""
+    hrefs, _ = _search(browser, server, query)
+    assert hrefs, f"no search results for {query}"
+    assert hrefs[0].split("#")[0] == first + ".html", f"{query}: first results {hrefs[:5]}"
+
+
+SNIPPET_JUNK = re.compile(r"\\[A-Za-z(\[]|\\\(|\bmathrm\b|Download this page|\.ipynb\s*\.pdf|Contents\s+Contents")
+
+
+@pytest.mark.parametrize("query", ["k3", "pi_old", "clipped"])
+def test_search_snippets_show_text_not_tex_or_menus(browser, server, query):
+    """The summary under each result is the article's text: formulas as plain text, no
+    download menu or header buttons."""
+    hrefs, snippets = _search(browser, server, query)
+    assert hrefs and snippets, f"no results or no summaries for {query}"
+    bad = [s for s in snippets if SNIPPET_JUNK.search(s)]
+    assert not bad, f"{len(bad)} of {len(snippets)} snippets show TeX or menu labels:\n" + "\n".join(b[:200] for b in bad[:8])
+
+
 def test_the_exercise_link_in_a_solution_title_opens_the_solution(browser, server):
     rel = _first_chapter_with("div.solution.dropdown > .admonition-title a[href]")
     if rel is None:
@@ -941,6 +987,33 @@ def test_glued_numbers_are_plain_and_tables_readable(browser, server, mode):
     bold = [w for w in info["pasted"] if int(w) >= 600]
     assert not bold, f"{len(bold)} of {len(info['pasted'])} glued values are bold"
     assert min(info["contrast"]) >= 4.5, f"{mode} mode: table row contrast {info['contrast']}"
+
+
+def test_glued_numbers_are_marked_only_on_hover_and_captions_read_as_body_text(browser, server):
+    """A computed number carries no underline at rest and a visible mark when pointed at;
+    figure captions have the body's font weight and colour (the theme's are 300 and grey)."""
+    rel = "chapters/04_estimating_kl.html"
+    page, errors = _open(browser, urljoin(server, rel), LAPTOP)
+    try:
+        rest = page.evaluate("""() => {
+          const s = document.querySelector('article.bd-article p span.pasted-text');
+          const cs = getComputedStyle(s);
+          const p = getComputedStyle(document.querySelector('article.bd-article section p'));
+          const caps = [...document.querySelectorAll('article.bd-article figure figcaption p')].map(c => {
+            const st = getComputedStyle(c); return [st.fontWeight, st.color]; });
+          return {deco: cs.textDecorationLine, bg: cs.backgroundColor, body: [p.fontWeight, p.color], caps};
+        }""")
+        page.hover("article.bd-article p span.pasted-text")
+        page.wait_for_timeout(300)
+        hover = page.evaluate("""() => { const cs = getComputedStyle(document.querySelector(
+            'article.bd-article p span.pasted-text')); return {deco: cs.textDecorationLine, bg: cs.backgroundColor}; }""")
+    finally:
+        page.close()
+    assert not errors, errors
+    assert rest["deco"] == "none", f"a glued number is underlined at rest: {rest}"
+    assert hover["deco"] != "none" and hover["bg"] != rest["bg"], f"no mark on hover: {hover}"
+    assert rest["caps"], "no figure caption found"
+    assert all(c == rest["body"] for c in rest["caps"]), f"captions {set(map(tuple, rest['caps']))} vs body {rest['body']}"
 
 
 def test_wide_prose_tables_become_cards_on_a_phone(browser, server):
