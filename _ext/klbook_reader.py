@@ -373,6 +373,81 @@ def _make_post_transforms():
     return FoldChecks, FigureAltText
 
 
+# ----------------------------------------------------------------------- sharp figures
+HIDPI_CLASS = "klbook-hidpi"
+
+
+def png_scale_and_width(path) -> tuple[float, int] | None:
+    """``(scale, pixel width)`` of a PNG that ``kb.display.glue_figure`` drew at ``scale``
+    times its figure's dpi (its ``klbook`` tEXt record), or ``None`` for any other file."""
+    import json
+    import struct
+
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(65536)
+    except OSError:
+        return None
+    if not head.startswith(b"\x89PNG\r\n\x1a\n") or head[12:16] != b"IHDR":
+        return None
+    width = struct.unpack(">I", head[16:20])[0]
+    pos = 8
+    while pos + 8 <= len(head):
+        length, kind = struct.unpack(">I4s", head[pos:pos + 8])
+        body = head[pos + 8:pos + 8 + length]
+        if kind == b"IDAT":
+            break
+        if kind == b"tEXt" and body.startswith(b"klbook\0"):
+            try:
+                scale = float(json.loads(body.split(b"\0", 1)[1].decode("latin-1")).get("scale", 1))
+            except (ValueError, AttributeError):
+                return None
+            return scale, width
+        pos += 12 + length
+    return None
+
+
+def _image_file(app, image):
+    uri = image.get("candidates", {}).get("*") or image.get("uri") or ""
+    if not uri or "://" in uri or uri.startswith("data:"):
+        return None
+    path = Path(uri)
+    return path if path.is_absolute() else Path(app.srcdir) / uri
+
+
+def set_hidpi_widths(app, document) -> int:
+    """Give every image drawn at 2x (``png_scale_and_width``) a CSS width of its pixel
+    width / scale, so that it shows at its figure's size with twice the pixels; return how many."""
+    count = 0
+    for image in document.findall(_nodes.image):
+        if image.get("width") or PHONE_CLASS in image.get("classes", []):
+            continue
+        path = _image_file(app, image)
+        found = png_scale_and_width(path) if path is not None else None
+        if not found or found[0] <= 1:
+            continue
+        scale, width = found
+        image["width"] = f"{round(width / scale)}px"
+        image["classes"] = list(image.get("classes", [])) + [HIDPI_CLASS, "no-scaled-link"]  # no <a> around it
+        count += 1
+    return count
+
+
+def _make_hidpi_transform():
+    from sphinx.transforms.post_transforms import SphinxPostTransform
+
+    class HighDensityImages(SphinxPostTransform):
+        """HTML only: a 2x PNG shows at its figure's CSS size (``set_hidpi_widths``)."""
+
+        default_priority = 905
+        formats = ("html",)
+
+        def run(self, **kwargs):
+            set_hidpi_widths(self.app, self.document)
+
+    return HighDensityImages
+
+
 # ----------------------------------------------------------------------- phone figures
 PHONE_SUFFIX = "--phone"          # klbook_lib.display.PHONE_SUFFIX
 PHONE_MEDIA = "(max-width: 640px)"
@@ -544,6 +619,7 @@ def setup(app):
     app.connect("config-inited", _config_inited)
     app.add_node(klbook_picture, html=(_visit_picture_html, _depart_picture))
     app.add_post_transform(_make_unwrap_pictures())
+    app.add_post_transform(_make_hidpi_transform())
     _register_glue_figure(app)  # myst-nb (loaded before the local extensions) has its glue domain
     app.connect("config-inited", _register_glue_figure)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
