@@ -92,6 +92,39 @@
     else cb();
   }
 
+  // ---- figures a reader can move (klbook_lib.interactive.glue_slider): the notebook
+  // computed every frame and every number; this only shows the one the slider picks.
+  function interactives(article) {
+    article.querySelectorAll(".klbook-interactive").forEach((box) => {
+      if (box.dataset.ready) return;
+      const holder = box.querySelector("script.klbook-interactive-data");
+      const img = box.querySelector("img.klbook-interactive-frame");
+      const slider = box.querySelector("input.klbook-interactive-slider");
+      const out = box.querySelector("output.klbook-interactive-value");
+      const controls = box.querySelector(".klbook-interactive-controls");
+      if (!holder || !img || !slider || !out || !controls) return;
+      let data;
+      try { data = JSON.parse(holder.textContent); } catch (e) { return; }
+      const start = Number(box.dataset.start || slider.value);
+      const frames = data.frames.map((f, i) => (i === start ? img.getAttribute("src") : "data:image/png;base64," + f));
+      const cells = [...box.querySelectorAll("[data-klbook-cell]")];
+      const label = (slider.getAttribute("aria-valuetext") || "").split(" = ")[0];
+      const show = (i) => {
+        img.src = frames[i];
+        img.alt = data.alts[i];
+        out.textContent = data.labels[i];
+        cells.forEach((c) => { c.textContent = data.cells[i][Number(c.dataset.klbookCell)]; });
+        slider.setAttribute("aria-valuetext", label + " = " + data.labels[i]);
+        box.dataset.index = String(i);
+      };
+      slider.addEventListener("input", () => show(Number(slider.value)));
+      slider.addEventListener("change", () => show(Number(slider.value)));
+      controls.hidden = false;
+      box.dataset.index = String(start);
+      box.dataset.ready = "1";
+    });
+  }
+
   function start() {
     scan();
     window.addEventListener("load", () => whenTypeset(scan));
@@ -292,6 +325,7 @@
     closePageTocOnTap();
     solutionTitleLinks(article);
     markGlued(article);
+    interactives(article);
     window.addEventListener("load", () => zoomable(article));
   }
 
