@@ -19,6 +19,8 @@ The families of the book:
   single-sample estimators k1, k2, k3 of ``KL(p || q)`` when the log-ratio ``log q/p`` under
   ``p`` is Gaussian with standard deviation ``spread`` (``p = N(0, 1)``, ``q = N(spread, 1)``),
   by Gauss-Hermite quadrature of :mod:`klbook_lib.estimators`' own formulas.
+* :func:`gaussian_fits_at_separation`: the forward- and reverse-KL Gaussian fits of
+  :mod:`klbook_lib.fitting` to two peaks at ``-a`` and ``+a``.
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["kl_estimator_moments", "SliderFigure", "glue_slider", "slider_html", "QUADRATURE_NODES"]
+__all__ = ["kl_estimator_moments", "gaussian_fits_at_separation", "SliderFigure", "glue_slider", "slider_html", "QUADRATURE_NODES"]
 
 QUADRATURE_NODES = 160
 
@@ -69,6 +71,38 @@ def kl_estimator_moments(spread: float, nodes: int = QUADRATURE_NODES) -> dict:
         mean = float(np.sum(w * values))
         var = float(np.sum(w * (values - mean) ** 2))
         out[name] = {"mean": mean, "bias": mean - kl, "sd": math.sqrt(max(var, 0.0))}
+    return out
+
+
+def gaussian_fits_at_separation(half_separation: float, width: float = 0.8) -> dict:
+    """The forward- and reverse-KL fits of one Gaussian to the two-peaked target
+    ``P = (N(-a, width^2) + N(a, width^2)) / 2``, ``a = half_separation``
+    (:func:`klbook_lib.fitting.fit_gaussian` on a grid over [-20, 20]).
+
+    The forward fit starts at ``(0.3, 1)`` (it is convex: any start gives moment matching);
+    the reverse fit follows the gradient flow from the right peak, ``(a, width)``
+    (``method="flow"``), so it stays on that peak where a mode-locked solution exists and
+    slides to the centre where it does not. Returns ``{"forward": row, "reverse": row}``,
+    each row ``{"mu", "sigma", "kl_pq", "kl_qp"}`` (``KL(P||Q)`` and ``KL(Q||P)`` at the fit, nats).
+    """
+    from . import fitting
+
+    for name, v, lo, hi in (("half_separation", half_separation, 0.0, 4.0), ("width", width, 0.3, 2.0)):
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.floating)) or not lo <= v <= hi:
+            raise ValueError(f"{name}: expected a number from {lo} to {hi}, got {v!r}")
+    a, w = float(half_separation), float(width)
+    grid = fitting.make_grid(-20.0, 20.0, 8001)
+
+    def log_p(x):
+        return fitting.gaussian_mixture_logpdf(x, [0.5, 0.5], [-a, a], [w, w])
+
+    fits = {"forward": fitting.fit_gaussian(log_p, "forward", init=(0.3, 1.0), grid=grid),
+            "reverse": fitting.fit_gaussian(log_p, "reverse", init=(a, w), grid=grid, method="flow")}
+    out = {}
+    for key, fit in fits.items():
+        out[key] = {"mu": float(fit.mu), "sigma": float(fit.sigma),
+                    "kl_pq": float(fitting.divergence_to_gaussian(log_p, fit.mu, fit.sigma, "forward", grid=grid)),
+                    "kl_qp": float(fitting.divergence_to_gaussian(log_p, fit.mu, fit.sigma, "reverse", grid=grid))}
     return out
 
 

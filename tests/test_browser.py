@@ -1050,6 +1050,10 @@ FIGURE_IMAGES_JS = """
 
 
 def _png_of_url(url: str) -> bytes:
+    if url.startswith("data:image/png;base64,"):  # a frame of an interactive figure (klbook_lib.interactive)
+        import base64
+
+        return base64.b64decode(url.split(",", 1)[1])
     path = (HTML / unquote(urlparse(url).path).lstrip("/")).resolve()
     assert path.is_file() and HTML in path.parents, f"{url} is not a file of the site"
     return path.read_bytes()
@@ -1260,3 +1264,149 @@ def test_the_chinese_search_finds_chinese_words(browser, server):
         page.close()
     assert not errors, errors
     assert len(hits) >= 5 and any("chapters/01_kl_definition" in h for h in hits), hits
+
+
+# ------------------------------------------------------- figures a reader can move (issue 38)
+# (page, figure id, the library's function of the slider's value -> {row: [mean, bias, sd]})
+def _k_moments(value: float) -> dict:
+    from klbook_lib.interactive import kl_estimator_moments
+
+    m = kl_estimator_moments(value)
+    return {k: [m[k]["mean"], m[k]["bias"], m[k]["sd"]] for k in ("k1", "k2", "k3")}
+
+
+INTERACTIVE = [("chapters/04_estimating_kl.html", "fig-04-spread", _k_moments)]
+
+INTERACTIVE_STATE_JS = """
+(id) => {
+  const box = document.querySelector('#' + id + ' .klbook-interactive');
+  if (!box) return null;
+  const slider = box.querySelector('input.klbook-interactive-slider');
+  const img = box.querySelector('img.klbook-interactive-frame');
+  const r = slider.getBoundingClientRect();
+  const rows = [...box.querySelectorAll('table.klbook-interactive-readout tbody tr')].map(tr =>
+    [tr.querySelector('th').textContent.trim(), [...tr.querySelectorAll('td')].map(td => td.textContent.trim())]);
+  const data = JSON.parse(box.querySelector('script.klbook-interactive-data').textContent);
+  return {index: Number(box.dataset.index), value: Number(slider.value), max: Number(slider.max),
+          shown: box.querySelector('output').textContent.trim(), values: data.values, labels: data.labels,
+          controls: !box.querySelector('.klbook-interactive-controls').hidden,
+          slider: {x: r.left, y: r.top, w: r.width, h: r.height}, src: img.currentSrc || img.src, alt: img.alt,
+          img: {w: img.getBoundingClientRect().width, natural: img.naturalWidth, complete: img.complete},
+          pageWidth: document.documentElement.scrollWidth, viewWidth: document.documentElement.clientWidth, rows};
+}
+"""
+
+
+def _close_to(text: str, value: float) -> bool:
+    """``text`` (3 significant digits, kb.display.format_number) shows ``value``."""
+    shown = float(text.replace("\u2212", "-"))
+    return abs(shown - value) <= max(6e-3 * abs(value), 1e-9) or (abs(value) < 1e-9 and abs(shown) < 1e-9)
+
+
+def _check_frame(state: dict, compute) -> list[str]:
+    value = state["values"][state["index"]]
+    expected = compute(value)
+    bad = []
+    if state["shown"] != state["labels"][state["index"]] or state["value"] != state["index"]:
+        bad.append(f"the slider shows {state['shown']!r} at index {state['value']}, the figure is at {state['index']}")
+    if [name for name, _ in state["rows"]] != list(expected):
+        bad.append(f"rows {[n for n, _ in state['rows']]} != {list(expected)}")
+    for name, cells in state["rows"]:
+        for text, want in zip(cells, expected.get(name, [])):
+            if not _close_to(text, want):
+                bad.append(f"value {value}: {name} shows {text}, the library computes {want:.6g}")
+    if f"{value:.2f}" not in state["alt"]:
+        bad.append(f"the alt text does not name the value {value}: {state['alt']!r}")
+    return bad
+
+
+@pytest.mark.parametrize("prefix", ["", "zh/"])
+@pytest.mark.parametrize("viewport", [PHONE, LAPTOP], ids=["390px", "1366px"])
+@pytest.mark.parametrize("rel,fig_id,compute", INTERACTIVE, ids=[i[1] for i in INTERACTIVE])
+def test_an_interactive_figure_shows_what_the_library_computes(browser, server, rel, fig_id, compute, viewport, prefix):
+    """Moving the slider (by keyboard, by a tap on the track on a phone, by a mouse drag on
+    a laptop) swaps in the frame of the value picked, and the numbers under it are the
+    library's for that value; the figure fits the screen; both editions."""
+    from klbook_lib.display import png_info
+
+    if not (HTML / prefix / rel).exists():
+        pytest.fail(f"{prefix}{rel} not built")
+    page = browser.new_page(viewport={"width": viewport[0], "height": viewport[1]}, has_touch=viewport == PHONE,
+                            is_mobile=viewport == PHONE)
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
+    page.on("console", lambda m: errors.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
+    bad, frames = [], set()
+    try:
+        page.goto(urljoin(server, prefix + rel), wait_until="load")
+        page.wait_for_timeout(300)
+        state = page.evaluate(INTERACTIVE_STATE_JS, fig_id)
+        assert state is not None, f"{prefix}{rel}: no interactive figure in #{fig_id}"
+        assert state["controls"], "the slider is hidden although JavaScript runs"
+        assert state["img"]["complete"] and state["img"]["natural"] > 0, state["img"]
+        assert state["pageWidth"] <= state["viewWidth"] + 1, f"the page scrolls sideways: {state['pageWidth']}"
+        assert state["slider"]["w"] >= 150 and state["slider"]["h"] >= 24, f"slider too small to touch: {state['slider']}"
+        bad += _check_frame(state, compute)
+        frames.add(state["src"])
+        start = state["index"]
+        slider = page.locator(f"#{fig_id} input.klbook-interactive-slider")
+        # the keyboard: one step right, then to the end
+        slider.focus()
+        page.keyboard.press("ArrowRight")
+        page.wait_for_timeout(100)
+        state = page.evaluate(INTERACTIVE_STATE_JS, fig_id)
+        assert state["index"] == min(start + 1, state["max"]), state["index"]
+        bad += _check_frame(state, compute)
+        frames.add(state["src"])
+        page.keyboard.press("End")
+        page.wait_for_timeout(100)
+        state = page.evaluate(INTERACTIVE_STATE_JS, fig_id)
+        assert state["index"] == state["max"], state["index"]
+        bad += _check_frame(state, compute)
+        frames.add(state["src"])
+        # a tap (phone) or a click (laptop) near the left end of the track picks the first value
+        s = state["slider"]
+        slider.scroll_into_view_if_needed()
+        s = page.evaluate(INTERACTIVE_STATE_JS, fig_id)["slider"]
+        x, y = s["x"] + 4, s["y"] + s["h"] / 2
+        if viewport == PHONE:
+            page.touchscreen.tap(x, y)
+        else:
+            page.mouse.click(x, y)
+        page.wait_for_timeout(150)
+        state = page.evaluate(INTERACTIVE_STATE_JS, fig_id)
+        assert state["index"] == 0, f"a {'tap' if viewport == PHONE else 'click'} at the track's start left index {state['index']}"
+        bad += _check_frame(state, compute)
+        frames.add(state["src"])
+        assert png_info(_png_of_url(state["src"])).get("scale") == 2, "a frame without the 2x record"
+    finally:
+        page.close()
+    assert not errors, errors
+    assert len(frames) == 4, f"the figure did not change with the slider ({len(frames)} different frames of 4)"
+    assert not bad, f"{prefix}{rel} #{fig_id}:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("rel,fig_id,compute", INTERACTIVE, ids=[i[1] for i in INTERACTIVE])
+def test_an_interactive_figure_has_a_static_image_without_javascript(browser, server, rel, fig_id, compute):
+    """Without JavaScript the figure is its starting frame (an ordinary image) with that
+    frame's numbers, and no slider that does nothing."""
+    context = browser.new_context(java_script_enabled=False, viewport={"width": PHONE[0], "height": PHONE[1]})
+    page = context.new_page()
+    try:
+        page.goto(urljoin(server, rel), wait_until="load")
+        info = page.evaluate("""(id) => { const box = document.querySelector('#' + id + ' .klbook-interactive');
+          const img = box.querySelector('img'); const c = box.querySelector('.klbook-interactive-controls');
+          return {complete: img.complete, natural: img.naturalWidth, shown: img.getBoundingClientRect().width,
+                  sliderVisible: c.getBoundingClientRect().height > 0}; }""", fig_id)
+    finally:
+        context.close()
+    assert info["complete"] and info["natural"] > 0 and 100 < info["shown"] <= PHONE[0], info
+    assert not info["sliderVisible"], "a slider shows without JavaScript"
+    box = _article(rel).select_one(f"#{fig_id} .klbook-interactive")
+    start = int(box["data-start"])
+    data = __import__("json").loads(box.select_one("script.klbook-interactive-data").string)
+    rows = [(tr.th.get_text(strip=True), [td.get_text(strip=True) for td in tr.find_all("td")])
+            for tr in box.select("table.klbook-interactive-readout tbody tr")]
+    state = {"index": start, "value": start, "values": data["values"], "labels": data["labels"],
+             "shown": data["labels"][start], "rows": rows, "alt": box.img["alt"]}
+    assert not _check_frame(state, compute)

@@ -124,3 +124,40 @@ def test_glue_slider_names_bad_arguments(kw, match):
     with pytest.raises(ValueError, match="name"):
         interactive.glue_slider("", [1.0, 2.0], _draw, lambda v: {"a": [v]}, label="x", columns=["", "a"],
                                 alt=lambda v: "x", glue=False)
+
+
+@pytest.mark.parametrize("a", [0.5, 1.5, 2.0, 3.0])
+def test_gaussian_fits_forward_matches_moments_and_reverse_is_a_local_minimum(a):
+    from klbook_lib import fitting
+
+    w = 0.8
+    got = interactive.gaussian_fits_at_separation(a, w)
+    # forward KL to a Gaussian is moment matching: mean 0, variance w^2 + a^2 (closed form)
+    assert got["forward"]["mu"] == pytest.approx(0.0, abs=1e-6)
+    assert got["forward"]["sigma"] == pytest.approx(math.sqrt(w * w + a * a), rel=1e-6)
+    # the reverse fit is a local minimum of KL(Q||P): no neighbour on a small cross is lower
+    grid = fitting.make_grid(-20.0, 20.0, 8001)
+
+    def log_p(x):
+        return fitting.gaussian_mixture_logpdf(x, [0.5, 0.5], [-a, a], [w, w])
+
+    mu, sigma = got["reverse"]["mu"], got["reverse"]["sigma"]
+    here = fitting.divergence_to_gaussian(log_p, mu, sigma, "reverse", grid=grid)
+    assert here == pytest.approx(got["reverse"]["kl_qp"], abs=1e-12)
+    for dm, ds in ((1e-2, 0), (-1e-2, 0), (0, 1e-2), (0, -1e-2)):
+        assert fitting.divergence_to_gaussian(log_p, mu + dm, sigma + ds, "reverse", grid=grid) >= here - 1e-9
+    # far peaks: the reverse fit sits on the right peak; close peaks: in the middle
+    if a >= 2.0:
+        assert abs(mu - a) < 0.15 and abs(sigma - w) < 0.15, got["reverse"]
+    if a <= 1.5:
+        assert abs(mu) < 1e-3, got["reverse"]
+    # the forward fit is the global minimum of KL(P||Q) (convex in the natural parameters);
+    # the mode-locked reverse fit is only a local minimum of KL(Q||P) (chapter 2)
+    assert got["reverse"]["kl_pq"] >= got["forward"]["kl_pq"] - 1e-9
+
+
+def test_gaussian_fits_name_bad_arguments():
+    with pytest.raises(ValueError, match="half_separation"):
+        interactive.gaussian_fits_at_separation(-1.0)
+    with pytest.raises(ValueError, match="width"):
+        interactive.gaussian_fits_at_separation(1.0, width=0.0)
