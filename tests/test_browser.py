@@ -1102,7 +1102,8 @@ def test_figure_tick_text_is_legible_at_390px(browser, server, rel, record_prope
             assert info["rendering"] == "phone", f"{rel} {img['figure']}: at 390 px the <picture> shows {info}"
         scale = 1 / 72 * info["dpi"] * img["shown"] / img["natural"]
         css = info["tick_pt"] * scale
-        measured.append((img["figure"], round(css, 2)))
+        text_pt = info.get("text_pt")
+        measured.append((img["figure"], round(css, 2), round(text_pt * scale, 2) if text_pt is not None else None))
         if css < MIN_TICK_CSS_PX:
             small.append(f"{img['figure']}: tick labels {css:.1f} CSS px ({info['tick_pt']:g} pt at {info['dpi']:g} dpi, "
                          f"PNG {img['natural']} px shown {img['shown']:.0f} px, {info['rendering']} rendering)")
@@ -1112,7 +1113,7 @@ def test_figure_tick_text_is_legible_at_390px(browser, server, rel, record_prope
             small.append(f"{img['figure']}: its smallest text (legend, title, label or annotation) is "
                          f"{text * scale:.1f} CSS px ({text:g} pt, {info['rendering']} rendering)")
     record_property("tick_css_px", measured)
-    print(f"\n{rel}: tick text at 390 px (CSS px): {measured}")
+    print(f"\n{rel}: (figure, tick text, smallest text) at 390 px (CSS px): {measured}")
     assert not small, (f"{rel}: tick text smaller than {MIN_TICK_CSS_PX} CSS px at 390 px (panels side by side get "
                        "a stacked rendering; a colorbar or twin-axes figure must be drawn legible at 342 px):\n"
                        + "\n".join(small))
@@ -1275,7 +1276,15 @@ def _k_moments(value: float) -> dict:
     return {k: [m[k]["mean"], m[k]["bias"], m[k]["sd"]] for k in ("k1", "k2", "k3")}
 
 
-INTERACTIVE = [("chapters/04_estimating_kl.html", "fig-04-spread", _k_moments)]
+def _gaussian_fits(value: float) -> dict:
+    from klbook_lib.interactive import gaussian_fits_at_separation
+
+    f = gaussian_fits_at_separation(value)
+    return {f"{key} fit": [f[key][k] for k in ("mu", "sigma", "kl_pq", "kl_qp")] for key in ("forward", "reverse")}
+
+
+INTERACTIVE = [("chapters/04_estimating_kl.html", "fig-04-spread", _k_moments),
+               ("chapters/02_forward_reverse.html", "fig-02-moving", _gaussian_fits)]
 
 INTERACTIVE_STATE_JS = """
 (id) => {
