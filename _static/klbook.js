@@ -125,6 +125,32 @@
     });
   }
 
+  // ---- the language switch keeps the reader's place: the other edition's page opens
+  // at the section being read (both editions share their section ids)
+  function currentSectionId(article) {
+    let id = "";
+    const top = 80;
+    for (const s of article.querySelectorAll("section[id]")) {
+      if (s.getBoundingClientRect().top <= top) id = s.id;
+      else break;
+    }
+    return id;
+  }
+
+  function languageSwitchKeepsSection(article) {
+    document.querySelectorAll("a.klbook-lang-link").forEach((a) => {
+      const go = () => {
+        const base = a.getAttribute("href").split("#")[0];
+        const id = currentSectionId(article) || (location.hash || "").slice(1);
+        a.setAttribute("href", id ? base + "#" + id : base);
+      };
+      a.addEventListener("click", go);
+      a.addEventListener("auxclick", go);
+      a.addEventListener("focus", go);
+      a.addEventListener("pointerdown", go);
+    });
+  }
+
   function start() {
     scan();
     window.addEventListener("load", () => whenTypeset(scan));
@@ -326,6 +352,7 @@
     solutionTitleLinks(article);
     markGlued(article);
     interactives(article);
+    languageSwitchKeepsSection(article);
     window.addEventListener("load", () => zoomable(article));
   }
 

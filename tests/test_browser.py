@@ -1419,3 +1419,31 @@ def test_an_interactive_figure_has_a_static_image_without_javascript(browser, se
     state = {"index": start, "value": start, "values": data["values"], "labels": data["labels"],
              "shown": data["labels"][start], "rows": rows, "alt": box.img["alt"]}
     assert not _check_frame(state, compute)
+
+
+@pytest.mark.parametrize("src,dst", [("", "zh/"), ("zh/", "")], ids=["en-to-zh", "zh-to-en"])
+def test_the_language_switch_keeps_the_section(browser, server, src, dst):
+    """Switching the edition in the middle of a chapter opens the other edition at the same
+    section, not at the top (_static/klbook.js)."""
+    rel = "chapters/04_estimating_kl.html"
+    if not (HTML / "zh" / rel).exists():
+        pytest.fail("the Chinese edition is not built")
+    ids = [s.get("id") for s in _article(rel).select("section[id]")]
+    assert len(ids) >= 4, ids
+    target = ids[3]
+    assert _soup("zh/" + rel).select_one(f"section#{target}") is not None, f"zh has no section #{target}"
+    page, errors = _open(browser, urljoin(server, src + rel), LAPTOP)
+    try:
+        page.evaluate(f"() => document.getElementById({target!r}).scrollIntoView()")
+        page.evaluate("() => window.scrollBy(0, 40)")
+        page.wait_for_timeout(200)
+        page.click("a.klbook-lang-link")
+        page.wait_for_load_state("load")
+        page.wait_for_timeout(300)
+        url = page.url
+        top = page.evaluate(f"() => document.getElementById({target!r}).getBoundingClientRect().top")
+    finally:
+        page.close()
+    assert not errors, errors
+    assert url.endswith(f"{dst}{rel}#{target}"), url
+    assert abs(top) < 200, f"the section is not in view after the switch (top {top})"
