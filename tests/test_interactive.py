@@ -161,3 +161,25 @@ def test_gaussian_fits_name_bad_arguments():
         interactive.gaussian_fits_at_separation(-1.0)
     with pytest.raises(ValueError, match="width"):
         interactive.gaussian_fits_at_separation(1.0, width=0.0)
+
+
+def test_compact_png_keeps_the_picture_and_its_record():
+    import io
+
+    from PIL import Image
+
+    from klbook_lib import display
+
+    fig = _draw(1.0)
+    try:
+        full = display._annotated_png(fig, "wide")
+    finally:
+        plt.close(fig)
+    small = interactive.compact_png(full)
+    assert len(small) < 0.6 * len(full), (len(small), len(full))
+    assert png_info(small) == png_info(full)
+    a = np.asarray(Image.open(io.BytesIO(full)).convert("RGB"), dtype=float)
+    b = np.asarray(Image.open(io.BytesIO(small)).convert("RGB"), dtype=float)
+    assert a.shape == b.shape and np.abs(a - b).mean() < 2.0      # the same picture, a few levels off
+    with pytest.raises(ValueError, match="colours"):
+        interactive.compact_png(full, 1)
