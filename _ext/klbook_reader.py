@@ -251,7 +251,7 @@ def caption_text(caption) -> str:
     parts = []
     for node in caption.findall(lambda n: isinstance(n, (nodes.Text, nodes.math))):
         if isinstance(node, nodes.math):
-            parts.append(" " + _math_text(node.astext()) + " ")
+            parts.append(_math_text(node.astext()))   # the text around it carries the spaces
         elif not any(isinstance(p, nodes.math) for p in _ancestors(node, caption)):
             parts.append(plain_text(str(node)) if ("$" in str(node) or "\\" in str(node)) else str(node))
     text = "".join(parts)

@@ -92,65 +92,6 @@
     else cb();
   }
 
-  // ---- figures a reader can move (klbook_lib.interactive.glue_slider): the notebook
-  // computed every frame and every number; this only shows the one the slider picks.
-  function interactives(article) {
-    article.querySelectorAll(".klbook-interactive").forEach((box) => {
-      if (box.dataset.ready) return;
-      const holder = box.querySelector("script.klbook-interactive-data");
-      const img = box.querySelector("img.klbook-interactive-frame");
-      const slider = box.querySelector("input.klbook-interactive-slider");
-      const out = box.querySelector("output.klbook-interactive-value");
-      const controls = box.querySelector(".klbook-interactive-controls");
-      if (!holder || !img || !slider || !out || !controls) return;
-      let data;
-      try { data = JSON.parse(holder.textContent); } catch (e) { return; }
-      const start = Number(box.dataset.start || slider.value);
-      const frames = data.frames.map((f, i) => (i === start ? img.getAttribute("src") : "data:image/png;base64," + f));
-      const cells = [...box.querySelectorAll("[data-klbook-cell]")];
-      const label = (slider.getAttribute("aria-valuetext") || "").split(" = ")[0];
-      const show = (i) => {
-        img.src = frames[i];
-        img.alt = data.alts[i];
-        out.textContent = data.labels[i];
-        cells.forEach((c) => { c.textContent = data.cells[i][Number(c.dataset.klbookCell)]; });
-        slider.setAttribute("aria-valuetext", label + " = " + data.labels[i]);
-        box.dataset.index = String(i);
-      };
-      slider.addEventListener("input", () => show(Number(slider.value)));
-      slider.addEventListener("change", () => show(Number(slider.value)));
-      controls.hidden = false;
-      box.dataset.index = String(start);
-      box.dataset.ready = "1";
-    });
-  }
-
-  // ---- the language switch keeps the reader's place: the other edition's page opens
-  // at the section being read (both editions share their section ids)
-  function currentSectionId(article) {
-    let id = "";
-    const top = 80;
-    for (const s of article.querySelectorAll("section[id]")) {
-      if (s.getBoundingClientRect().top <= top) id = s.id;
-      else break;
-    }
-    return id;
-  }
-
-  function languageSwitchKeepsSection(article) {
-    document.querySelectorAll("a.klbook-lang-link").forEach((a) => {
-      const go = () => {
-        const base = a.getAttribute("href").split("#")[0];
-        const id = currentSectionId(article) || (location.hash || "").slice(1);
-        a.setAttribute("href", id ? base + "#" + id : base);
-      };
-      a.addEventListener("click", go);
-      a.addEventListener("auxclick", go);
-      a.addEventListener("focus", go);
-      a.addEventListener("pointerdown", go);
-    });
-  }
-
   function start() {
     scan();
     window.addEventListener("load", () => whenTypeset(scan));
@@ -335,6 +276,65 @@
         if (button) button.click();
       });
       a.setAttribute("title", "Opens the solution; the exercise is above it");
+    });
+  }
+
+  // ---- figures a reader can move (klbook_lib.interactive.glue_slider): the notebook
+  // computed every frame and every number; this only shows the one the slider picks.
+  function interactives(article) {
+    article.querySelectorAll(".klbook-interactive").forEach((box) => {
+      if (box.dataset.ready) return;
+      const holder = box.querySelector("script.klbook-interactive-data");
+      const img = box.querySelector("img.klbook-interactive-frame");
+      const slider = box.querySelector("input.klbook-interactive-slider");
+      const out = box.querySelector("output.klbook-interactive-value");
+      const controls = box.querySelector(".klbook-interactive-controls");
+      if (!holder || !img || !slider || !out || !controls) return;
+      let data;
+      try { data = JSON.parse(holder.textContent); } catch (e) { return; }
+      const start = Number(box.dataset.start || slider.value);
+      const frames = data.frames.map((f, i) => (i === start ? img.getAttribute("src") : "data:image/png;base64," + f));
+      const cells = [...box.querySelectorAll("[data-klbook-cell]")];
+      const label = (slider.getAttribute("aria-valuetext") || "").split(" = ")[0];
+      const show = (i) => {
+        img.src = frames[i];
+        img.alt = data.alts[i];
+        out.textContent = data.labels[i];
+        cells.forEach((c) => { c.textContent = data.cells[i][Number(c.dataset.klbookCell)]; });
+        slider.setAttribute("aria-valuetext", label + " = " + data.labels[i]);
+        box.dataset.index = String(i);
+      };
+      slider.addEventListener("input", () => show(Number(slider.value)));
+      slider.addEventListener("change", () => show(Number(slider.value)));
+      controls.hidden = false;
+      box.dataset.index = String(start);
+      box.dataset.ready = "1";
+    });
+  }
+
+  // ---- the language switch keeps the reader's place: the other edition's page opens
+  // at the section being read (both editions share their section ids)
+  function currentSectionId(article) {
+    let id = "";
+    const top = 80;
+    for (const s of article.querySelectorAll("section[id]")) {
+      if (s.getBoundingClientRect().top <= top) id = s.id;
+      else break;
+    }
+    return id;
+  }
+
+  function languageSwitchKeepsSection(article) {
+    document.querySelectorAll("a.klbook-lang-link").forEach((a) => {
+      const go = () => {
+        const base = a.getAttribute("href").split("#")[0];
+        const id = currentSectionId(article) || (location.hash || "").slice(1);
+        a.setAttribute("href", id ? base + "#" + id : base);
+      };
+      a.addEventListener("click", go);
+      a.addEventListener("auxclick", go);
+      a.addEventListener("focus", go);
+      a.addEventListener("pointerdown", go);
     });
   }
 

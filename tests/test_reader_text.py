@@ -70,6 +70,9 @@ def test_caption_nodes_with_math_become_plain_alt_text():
     caption = nodes.caption()
     caption += [nodes.Text("The KL "), nodes.math(text=r"D_{\mathrm{KL}}(\pi_\theta\|\pi_{\mathrm{ref}})"),
                 nodes.Text(" as "), nodes.math(text=r"q\to 0"), nodes.Text(". " + "A long second sentence. " * 20)]
+    caption2 = nodes.caption()
+    caption2 += [nodes.Text("The adaptive-"), nodes.math(text=r"\beta"), nodes.Text(" rule.")]
+    assert reader.caption_text(caption2) == "The adaptive-beta rule."
     figure += [image, caption]
     doc += figure
     assert reader.set_alt_texts(doc, "Chapter") == 1
