@@ -194,7 +194,7 @@ def slider_html(figure: SliderFigure) -> str:
 def glue_slider(name: str, values: Sequence[float], draw: Callable[[float], Any],
                 readout: Callable[[float], Mapping[str, Sequence[float]]], *, label: str, columns: Sequence[str],
                 alt: Callable[[float], str], start: int | None = None, value_format: str = "{:.2f}",
-                digits: int = 3, glue: bool = True) -> SliderFigure:
+                digits: int = 3, zero_below: float = 1e-9, glue: bool = True) -> SliderFigure:
     """Glue a family of figures under ``name`` for a ``glue:figure`` directive.
 
     Args:
@@ -207,6 +207,7 @@ def glue_slider(name: str, values: Sequence[float], draw: Callable[[float], Any]
         columns: the table's header, first the rows' header.
         alt: ``alt(v)``, the plain-text alt text of the frame of ``v``.
         start: the index of the frame shown first and in the PDF (default: the middle one).
+        zero_below: a number of the table smaller than this in size is shown as 0.
         glue: glue it (``myst_nb.glue(name, ..., display=False)``); ``False`` only builds it.
 
     Returns the :class:`SliderFigure`.
@@ -241,7 +242,10 @@ def glue_slider(name: str, values: Sequence[float], draw: Callable[[float], Any]
         if list(table) != rows or any(len(table[r]) != len(columns) - 1 for r in rows):
             raise ValueError(f"readout: expected rows {rows} with {len(columns) - 1} numbers each for every value, "
                              f"got {dict(table)!r} for {v}")
-        cells.append([[format_number(float(x), digits) for x in table[r]] for r in rows])
+        # a number that is zero up to rounding (an unbiased estimator's bias by quadrature,
+        # a symmetric fit's mean) reads as 0, not -5.55e-17
+        cells.append([[format_number(0.0 if abs(float(x)) < zero_below else float(x), digits) for x in table[r]]
+                      for r in rows])
         text = alt(v)
         if not isinstance(text, str) or not text.strip() or "\\" in text or "$" in text:
             raise ValueError(f"alt: must return plain text (no TeX), got {text!r}")

@@ -96,6 +96,8 @@ def test_glue_slider_builds_frames_numbers_and_a_static_image():
     assert data["frames"][1] == "" and base64.b64decode(data["frames"][2]) == fig.frames[2]
     # the table's numbers are the readout's, formatted like every number of the book
     assert data["cells"][2] == [format_number(2.0), format_number(4.0), format_number(0.5), format_number(-2.0)]
+    tiny = _slider(readout=lambda v: {"a": [v, -5.55e-17], "b": [1e-12, -v]})
+    assert tiny.cells[0][0][1] == "0" and tiny.cells[0][1][0] == "0" and tiny.cells[0][1][1] == format_number(-0.5)
     shown = re.findall(r'<td data-klbook-cell="(\d+)">([^<]*)</td>', page)
     assert [v for _, v in shown] == data["cells"][1] and [int(k) for k, _ in shown] == [0, 1, 2, 3]
     assert 'type="range"' in page and 'max="2"' in page and 'value="1"' in page
