@@ -328,7 +328,11 @@
     document.querySelectorAll("a.klbook-lang-link").forEach((a) => {
       const go = () => {
         const base = a.getAttribute("href").split("#")[0];
-        const id = currentSectionId(article) || (location.hash || "").slice(1);
+        // the section the URL names (the reader came by a link, the contents or search),
+        // else the one at the top of the window
+        const hash = decodeURIComponent((location.hash || "").slice(1));
+        const named = hash && document.getElementById(hash) && document.getElementById(hash).closest("section[id]");
+        const id = (named && named.id) || currentSectionId(article);
         a.setAttribute("href", id ? base + "#" + id : base);
       };
       a.addEventListener("click", go);
