@@ -279,6 +279,69 @@
     });
   }
 
+  // ---- figures a reader can move (klbook_lib.interactive.glue_slider): the notebook
+  // computed every frame and every number; this only shows the one the slider picks.
+  function interactives(article) {
+    article.querySelectorAll(".klbook-interactive").forEach((box) => {
+      if (box.dataset.ready) return;
+      const holder = box.querySelector("script.klbook-interactive-data");
+      const img = box.querySelector("img.klbook-interactive-frame");
+      const slider = box.querySelector("input.klbook-interactive-slider");
+      const out = box.querySelector("output.klbook-interactive-value");
+      const controls = box.querySelector(".klbook-interactive-controls");
+      if (!holder || !img || !slider || !out || !controls) return;
+      let data;
+      try { data = JSON.parse(holder.textContent); } catch (e) { return; }
+      const start = Number(box.dataset.start || slider.value);
+      const frames = data.frames.map((f, i) => (i === start ? img.getAttribute("src") : "data:image/png;base64," + f));
+      const cells = [...box.querySelectorAll("[data-klbook-cell]")];
+      const label = (slider.getAttribute("aria-valuetext") || "").split(" = ")[0];
+      const show = (i) => {
+        img.src = frames[i];
+        img.alt = data.alts[i];
+        out.textContent = data.labels[i];
+        cells.forEach((c) => { c.textContent = data.cells[i][Number(c.dataset.klbookCell)]; });
+        slider.setAttribute("aria-valuetext", label + " = " + data.labels[i]);
+        box.dataset.index = String(i);
+      };
+      slider.addEventListener("input", () => show(Number(slider.value)));
+      slider.addEventListener("change", () => show(Number(slider.value)));
+      controls.hidden = false;
+      box.dataset.index = String(start);
+      box.dataset.ready = "1";
+    });
+  }
+
+  // ---- the language switch keeps the reader's place: the other edition's page opens
+  // at the section being read (both editions share their section ids)
+  function currentSectionId(article) {
+    let id = "";
+    const top = 80;
+    for (const s of article.querySelectorAll("section[id]")) {
+      if (s.getBoundingClientRect().top <= top) id = s.id;
+      else break;
+    }
+    return id;
+  }
+
+  function languageSwitchKeepsSection(article) {
+    document.querySelectorAll("a.klbook-lang-link").forEach((a) => {
+      const go = () => {
+        const base = a.getAttribute("href").split("#")[0];
+        // the section the URL names (the reader came by a link, the contents or search),
+        // else the one at the top of the window
+        const hash = decodeURIComponent((location.hash || "").slice(1));
+        const named = hash && document.getElementById(hash) && document.getElementById(hash).closest("section[id]");
+        const id = (named && named.id) || currentSectionId(article);
+        a.setAttribute("href", id ? base + "#" + id : base);
+      };
+      a.addEventListener("click", go);
+      a.addEventListener("auxclick", go);
+      a.addEventListener("focus", go);
+      a.addEventListener("pointerdown", go);
+    });
+  }
+
   function markGlued(article) {
     article.querySelectorAll("span.pasted-text").forEach((s) => {
       if (!s.title) s.title = "computed by the code on this page";
@@ -292,6 +355,8 @@
     closePageTocOnTap();
     solutionTitleLinks(article);
     markGlued(article);
+    interactives(article);
+    languageSwitchKeepsSection(article);
     window.addEventListener("load", () => zoomable(article));
   }
 

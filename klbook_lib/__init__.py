@@ -28,6 +28,7 @@ its own beside this one, ``klbook_grader``; nothing here imports it.
     offpolicy     off-policy KL: attached ratios, train-inference mismatch, trust regions
     sampling_masks  off-policy sequence masking and the sampler's top-k/top-p mask, exactly
     claims        a claim declared before its experiment runs; its verdict and the sentence the page prints
+    interactive   figures a reader can move: a family computed on a grid, picked by a slider on the page
 
 Submodules are imported on first use, so ``import klbook_lib as kb`` is cheap and
 ``kb.divergences.kl`` works. The most used functions are also available at the top:
@@ -44,7 +45,7 @@ _SUBMODULES = (
     "divergences", "estimators", "fitting", "controllers", "envs", "ppo", "monitor",
     "rlhf", "dpo", "runtime", "optimal", "vi", "trpo", "display",
     "seqkl", "diagnostics", "stats", "optim", "bench", "offpolicy", "shape", "objectives",
-    "sampling_masks", "claims",
+    "sampling_masks", "claims", "interactive",
 )
 
 

@@ -95,6 +95,7 @@ PHONE_PANEL_HEIGHT_IN = 3.2   # the height of each stacked panel (inches)
 PHONE_COLUMN_CSS_PX = 342     # the text column of the book at a 390 px viewport
 PHONE_TICK_CSS_PX = 7.5       # a single column whose ticks would be smaller there gets a phone rendering
 PNG_TEXT_KEY = "klbook"       # the PNG tEXt chunk that says how a rendering was drawn
+PNG_SCALE = 2                 # glued PNGs are drawn at twice the figure's dpi and shown at its CSS size
 
 
 def phone_key(name: str) -> str:
@@ -368,20 +369,29 @@ def _close(fig) -> None:
 
 
 # ---- PNG bytes: what the inline backend draws, with a note of how it was drawn
-def _png_of(fig) -> bytes:
+def _png_of(fig, scale: float = 1) -> bytes:
     """``fig`` as the PNG a notebook shows: the kernel's own PNG formatter if it has one
     (``%matplotlib inline``, which ``kb.runtime.setup`` selects), else IPython's
-    ``print_figure(fig, "png", bbox_inches="tight")``, which is what that formatter calls."""
+    ``print_figure(fig, "png", bbox_inches="tight")``, which is what that formatter calls.
+
+    ``scale`` > 1 draws the same figure at ``scale`` times its dpi (the same layout, more
+    pixels): ``print_figure(fig, "png", bbox_inches="tight", dpi=scale * fig.dpi)``."""
     import base64
 
+    if not isinstance(scale, (int, float)) or not 1 <= scale <= 4:
+        raise ValueError(f"scale: expected a number from 1 to 4, got {scale!r}")
     data = None
+    if scale != 1:
+        from IPython.core.pylabtools import print_figure
+
+        data = print_figure(fig, "png", bbox_inches="tight", dpi=float(fig.dpi) * scale)
     try:
         from IPython import get_ipython
 
         shell = get_ipython()
     except ImportError:  # pragma: no cover
         shell = None
-    if shell is not None and hasattr(shell, "kernel"):
+    if data is None and shell is not None and hasattr(shell, "kernel"):
         formatter = shell.display_formatter.formatters.get("image/png")
         if formatter is not None and formatter.enabled:
             data = formatter(fig)  # None when no PNG printer is registered for figures
@@ -422,7 +432,8 @@ def _with_text(png: bytes, key: str, text: str) -> bytes:
 
 def png_info(png: bytes) -> dict:
     """What :func:`glue_figure` wrote into a PNG (``{}`` for any other PNG):
-    ``rendering`` ("wide" or "phone"), ``dpi``, ``tick_pt`` (smallest tick label, pt),
+    ``rendering`` ("wide" or "phone"), ``dpi`` (of the PNG's pixels), ``scale`` (pixels per CSS
+    px the page shows it at: 2 for a sharp rendering; absent in PNGs drawn before), ``tick_pt`` (smallest tick label, pt),
     ``text_pt`` (smallest text of any kind: labels, titles, legends, annotations, pt),
     ``width_in``/``height_in`` (figure size) and ``panels``."""
     import json
@@ -437,12 +448,15 @@ def png_info(png: bytes) -> dict:
     return {}
 
 
-def _annotated_png(fig, rendering: str) -> bytes:
+def _annotated_png(fig, rendering: str, scale: float = PNG_SCALE) -> bytes:
     import json
 
-    png = _png_of(fig)
+    png = _png_of(fig, scale)
     width, height = (float(v) for v in fig.get_size_inches())
-    info = {"rendering": rendering, "dpi": float(fig.dpi), "tick_pt": tick_fontsize_pt(fig),
+    # dpi: the pixels per inch of this PNG (scale x the figure's); the page shows it at
+    # 1/scale of its pixel width (_ext/klbook_reader.py), so a point of text is
+    # dpi / 72 / scale CSS px before the column narrows it
+    info = {"rendering": rendering, "dpi": float(fig.dpi) * scale, "scale": scale, "tick_pt": tick_fontsize_pt(fig),
             "text_pt": text_fontsize_pt(fig),
             "width_in": round(width, 3), "height_in": round(height, 3),
             "panels": sum(1 for ax in fig.axes if ax.get_visible())}
@@ -468,7 +482,10 @@ def glue_figure(name: str, fig: Any, *, phone: bool = True) -> None:
     """Glue ``fig`` as ``glue(name, fig, display=False)`` does, plus a phone rendering.
 
     The wide rendering under ``name`` is the PNG the notebook's inline backend draws
-    (``bbox_inches="tight"``, the figure's dpi), with one ``tEXt`` chunk added that records
+    (``bbox_inches="tight"``), drawn at ``PNG_SCALE`` times the figure's dpi so that it is
+    sharp on high-density screens (the page shows it at the figure's size: the book's
+    extension gives the ``<img>`` a CSS width of its pixel width / ``PNG_SCALE``), with one
+    ``tEXt`` chunk added that records
     the dpi and the smallest tick label size (:func:`png_info`), so that the browser check
     can compute the tick text's size on screen. When ``phone`` is true and
     :func:`phone_layout` lays the figure out for a phone (panels side by side, or a single

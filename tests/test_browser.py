@@ -682,6 +682,28 @@ def test_no_image_alt_is_a_path():
     assert not bad, f"{len(bad)} images without real alt text:\n" + "\n".join(bad[:30])
 
 
+# what an alt text must never hold (issue 38): a backslash, a TeX word that lost its
+# backslash ("qto 0", "-infty", "tfrac12", "sqrtB", "varepsilon"), a dollar, TeX braces
+ALT_TEX = re.compile(r"\\|\$|[_^]\{|\b(?:mathrm|mathcal|mathbb|mathbf|operatorname|tfrac\w*|dfrac|frac|infty|"
+                     r"varepsilon|cdot|ldots|sqrt[A-Za-z0-9]\w*|qto|text\{|qquad|quad)\b")
+ALT_CUT = re.compile(r"(\u2026|\.\.\.)\s*$")
+
+
+def test_alt_texts_are_plain_text_and_never_cut():
+    """Every figure's alt text on every page (both editions) is its caption with the
+    formulas in words or plain symbols: no backslash, no TeX control word, no trailing
+    ellipsis (_ext/klbook_reader.py: plain_text, whole_sentences)."""
+    bad, seen = [], 0
+    for p in _pages():
+        for img in _article(_rel(p)).find_all("img"):
+            alt = img.get("alt") or ""
+            seen += 1
+            if ALT_TEX.search(alt) or ALT_CUT.search(alt):
+                bad.append(f"{_rel(p)}: {alt!r}")
+    assert seen >= 50, f"only {seen} images found"
+    assert not bad, f"{len(bad)} of {seen} alt texts hold TeX or end in a cut:\n" + "\n".join(bad[:30])
+
+
 INLINE_MATH_JS = """
 () => {
   const col = document.querySelector('article.bd-article');
@@ -827,6 +849,52 @@ def test_search_ranks_a_chapter_above_the_exercises(browser, server):
         assert max(chapters) < min(exercises), f"an exercise ranks above a chapter: {hrefs[:12]}"
 
 
+SEARCH_FIRST = [("k3", "chapters/04_estimating_kl"), ("DPO", "chapters/08_vi_elbo_dpo"),
+                ("GRPO", "chapters/11_sequence_kl_grpo"), ("TRPO", "chapters/03_trpo_ppo"),
+                ("ELBO", "chapters/08_vi_elbo_dpo"), ("distillation", "chapters/12_overoptimisation_distillation")]
+
+
+def _search(browser, server, query: str, prefix: str = "") -> tuple[list[str], list[str]]:
+    page, errors = _open(browser, urljoin(server, f"{prefix}search.html?q={query}"), LAPTOP)
+    try:
+        page.wait_for_selector("#search-results ul.search li a", timeout=20000)
+        # the summaries arrive one page fetch at a time; wait until the list stops growing
+        page.wait_for_function("() => { const s = document.getElementById('search-progress');"
+                               " return s && s.textContent.trim() !== '' && !/Preparing|Searching/i.test(s.textContent)"
+                               " || document.querySelector('#search-results > p') }", timeout=30000)
+        page.wait_for_timeout(1500)
+        hrefs = page.eval_on_selector_all("#search-results ul.search li > a",
+                                          "els => els.map(e => e.getAttribute('href'))")
+        snippets = page.eval_on_selector_all("#search-results ul.search li p.context",
+                                             "els => els.map(e => e.textContent)")
+    finally:
+        page.close()
+    assert not errors, errors
+    return hrefs, snippets
+
+
+@pytest.mark.parametrize("query,first", SEARCH_FIRST)
+def test_search_ranks_the_chapter_titled_by_the_query_first(browser, server, query, first):
+    """A query that is a word of a chapter's title finds that chapter first
+    (_static/klbook-scorer.js: a title holding every word of the query ranks above the rest)."""
+    hrefs, _ = _search(browser, server, query)
+    assert hrefs, f"no search results for {query}"
+    assert hrefs[0].split("#")[0] == first + ".html", f"{query}: first results {hrefs[:5]}"
+
+
+SNIPPET_JUNK = re.compile(r"\\[A-Za-z(\[]|\\\(|\bmathrm\b|Download this page|\.ipynb\s*\.pdf|Contents\s+Contents")
+
+
+@pytest.mark.parametrize("query", ["k3", "pi_old", "clipped"])
+def test_search_snippets_show_text_not_tex_or_menus(browser, server, query):
+    """The summary under each result is the article's text: formulas as plain text, no
+    download menu or header buttons."""
+    hrefs, snippets = _search(browser, server, query)
+    assert hrefs and snippets, f"no results or no summaries for {query}"
+    bad = [s for s in snippets if SNIPPET_JUNK.search(s)]
+    assert not bad, f"{len(bad)} of {len(snippets)} snippets show TeX or menu labels:\n" + "\n".join(b[:200] for b in bad[:8])
+
+
 def test_the_exercise_link_in_a_solution_title_opens_the_solution(browser, server):
     rel = _first_chapter_with("div.solution.dropdown > .admonition-title a[href]")
     if rel is None:
@@ -921,6 +989,33 @@ def test_glued_numbers_are_plain_and_tables_readable(browser, server, mode):
     assert min(info["contrast"]) >= 4.5, f"{mode} mode: table row contrast {info['contrast']}"
 
 
+def test_glued_numbers_are_marked_only_on_hover_and_captions_read_as_body_text(browser, server):
+    """A computed number carries no underline at rest and a visible mark when pointed at;
+    figure captions have the body's font weight and colour (the theme's are 300 and grey)."""
+    rel = "chapters/04_estimating_kl.html"
+    page, errors = _open(browser, urljoin(server, rel), LAPTOP)
+    try:
+        rest = page.evaluate("""() => {
+          const s = document.querySelector('article.bd-article p span.pasted-text');
+          const cs = getComputedStyle(s);
+          const p = getComputedStyle(document.querySelector('article.bd-article section p'));
+          const caps = [...document.querySelectorAll('article.bd-article figure figcaption p')].map(c => {
+            const st = getComputedStyle(c); return [st.fontWeight, st.color]; });
+          return {deco: cs.textDecorationLine, bg: cs.backgroundColor, body: [p.fontWeight, p.color], caps};
+        }""")
+        page.hover("article.bd-article p span.pasted-text")
+        page.wait_for_timeout(300)
+        hover = page.evaluate("""() => { const cs = getComputedStyle(document.querySelector(
+            'article.bd-article p span.pasted-text')); return {deco: cs.textDecorationLine, bg: cs.backgroundColor}; }""")
+    finally:
+        page.close()
+    assert not errors, errors
+    assert rest["deco"] == "none", f"a glued number is underlined at rest: {rest}"
+    assert hover["deco"] != "none" and hover["bg"] != rest["bg"], f"no mark on hover: {hover}"
+    assert rest["caps"], "no figure caption found"
+    assert all(c == rest["body"] for c in rest["caps"]), f"captions {set(map(tuple, rest['caps']))} vs body {rest['body']}"
+
+
 def test_wide_prose_tables_become_cards_on_a_phone(browser, server):
     page, errors = _open(browser, urljoin(server, "notation.html"), PHONE)
     try:
@@ -955,6 +1050,10 @@ FIGURE_IMAGES_JS = """
 
 
 def _png_of_url(url: str) -> bytes:
+    if url.startswith("data:image/png;base64,"):  # a frame of an interactive figure (klbook_lib.interactive)
+        import base64
+
+        return base64.b64decode(url.split(",", 1)[1])
     path = (HTML / unquote(urlparse(url).path).lstrip("/")).resolve()
     assert path.is_file() and HTML in path.parents, f"{url} is not a file of the site"
     return path.read_bytes()
@@ -1003,7 +1102,8 @@ def test_figure_tick_text_is_legible_at_390px(browser, server, rel, record_prope
             assert info["rendering"] == "phone", f"{rel} {img['figure']}: at 390 px the <picture> shows {info}"
         scale = 1 / 72 * info["dpi"] * img["shown"] / img["natural"]
         css = info["tick_pt"] * scale
-        measured.append((img["figure"], round(css, 2)))
+        text_pt = info.get("text_pt")
+        measured.append((img["figure"], round(css, 2), round(text_pt * scale, 2) if text_pt is not None else None))
         if css < MIN_TICK_CSS_PX:
             small.append(f"{img['figure']}: tick labels {css:.1f} CSS px ({info['tick_pt']:g} pt at {info['dpi']:g} dpi, "
                          f"PNG {img['natural']} px shown {img['shown']:.0f} px, {info['rendering']} rendering)")
@@ -1013,7 +1113,7 @@ def test_figure_tick_text_is_legible_at_390px(browser, server, rel, record_prope
             small.append(f"{img['figure']}: its smallest text (legend, title, label or annotation) is "
                          f"{text * scale:.1f} CSS px ({text:g} pt, {info['rendering']} rendering)")
     record_property("tick_css_px", measured)
-    print(f"\n{rel}: tick text at 390 px (CSS px): {measured}")
+    print(f"\n{rel}: (figure, tick text, smallest text) at 390 px (CSS px): {measured}")
     assert not small, (f"{rel}: tick text smaller than {MIN_TICK_CSS_PX} CSS px at 390 px (panels side by side get "
                        "a stacked rendering; a colorbar or twin-axes figure must be drawn legible at 342 px):\n"
                        + "\n".join(small))
@@ -1169,3 +1269,241 @@ def test_the_chinese_search_finds_chinese_words(browser, server):
         page.close()
     assert not errors, errors
     assert len(hits) >= 5 and any("chapters/01_kl_definition" in h for h in hits), hits
+
+
+# ------------------------------------------------------- figures a reader can move (issue 38)
+# (page, figure id, the library's function of the slider's value -> {row: [mean, bias, sd]})
+def _k_moments(value: float) -> dict:
+    from klbook_lib.interactive import kl_estimator_moments
+
+    m = kl_estimator_moments(value)
+    return {k: [m[k]["mean"], m[k]["bias"], m[k]["sd"]] for k in ("k1", "k2", "k3")}
+
+
+def _gaussian_fits(value: float) -> dict:
+    from klbook_lib.interactive import gaussian_fits_at_separation
+
+    f = gaussian_fits_at_separation(value)
+    return {f"{key} fit": [f[key][k] for k in ("mu", "sigma", "kl_pq", "kl_qp")] for key in ("forward", "reverse")}
+
+
+INTERACTIVE = [("chapters/04_estimating_kl.html", "fig-04-spread", _k_moments),
+               ("chapters/02_forward_reverse.html", "fig-02-moving", _gaussian_fits)]
+
+INTERACTIVE_STATE_JS = """
+(id) => {
+  const box = document.querySelector('#' + id + ' .klbook-interactive');
+  if (!box) return null;
+  const slider = box.querySelector('input.klbook-interactive-slider');
+  const img = box.querySelector('img.klbook-interactive-frame');
+  const r = slider.getBoundingClientRect();
+  const rows = [...box.querySelectorAll('table.klbook-interactive-readout tbody tr')].map(tr =>
+    [tr.querySelector('th').textContent.trim(), [...tr.querySelectorAll('td')].map(td => td.textContent.trim())]);
+  const data = JSON.parse(box.querySelector('script.klbook-interactive-data').textContent);
+  return {index: Number(box.dataset.index), value: Number(slider.value), max: Number(slider.max),
+          shown: box.querySelector('output').textContent.trim(), values: data.values, labels: data.labels,
+          controls: !box.querySelector('.klbook-interactive-controls').hidden,
+          slider: {x: r.left, y: r.top, w: r.width, h: r.height}, src: img.currentSrc || img.src, alt: img.alt,
+          img: {w: img.getBoundingClientRect().width, natural: img.naturalWidth, complete: img.complete},
+          pageWidth: document.documentElement.scrollWidth, viewWidth: document.documentElement.clientWidth, rows};
+}
+"""
+
+
+def _close_to(text: str, value: float) -> bool:
+    """``text`` (3 significant digits, kb.display.format_number) shows ``value``."""
+    shown = float(text.replace("\u2212", "-"))
+    return abs(shown - value) <= max(6e-3 * abs(value), 1e-9) or (abs(value) < 1e-9 and abs(shown) < 1e-9)
+
+
+def _check_frame(state: dict, compute) -> list[str]:
+    value = state["values"][state["index"]]
+    expected = compute(value)
+    bad = []
+    if state["shown"] != state["labels"][state["index"]] or state["value"] != state["index"]:
+        bad.append(f"the slider shows {state['shown']!r} at index {state['value']}, the figure is at {state['index']}")
+    if [name for name, _ in state["rows"]] != list(expected):
+        bad.append(f"rows {[n for n, _ in state['rows']]} != {list(expected)}")
+    for name, cells in state["rows"]:
+        for text, want in zip(cells, expected.get(name, [])):
+            if not _close_to(text, want):
+                bad.append(f"value {value}: {name} shows {text}, the library computes {want:.6g}")
+    if f"{value:.2f}" not in state["alt"]:
+        bad.append(f"the alt text does not name the value {value}: {state['alt']!r}")
+    return bad
+
+
+@pytest.mark.parametrize("prefix", ["", "zh/"])
+@pytest.mark.parametrize("viewport", [PHONE, LAPTOP], ids=["390px", "1366px"])
+@pytest.mark.parametrize("rel,fig_id,compute", INTERACTIVE, ids=[i[1] for i in INTERACTIVE])
+def test_an_interactive_figure_shows_what_the_library_computes(browser, server, rel, fig_id, compute, viewport, prefix):
+    """Moving the slider (by keyboard, by a tap on the track on a phone, by a mouse drag on
+    a laptop) swaps in the frame of the value picked, and the numbers under it are the
+    library's for that value; the figure fits the screen; both editions."""
+    from klbook_lib.display import png_info
+
+    if not (HTML / prefix / rel).exists():
+        pytest.fail(f"{prefix}{rel} not built")
+    page = browser.new_page(viewport={"width": viewport[0], "height": viewport[1]}, has_touch=viewport == PHONE,
+                            is_mobile=viewport == PHONE)
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
+    page.on("console", lambda m: errors.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
+    bad, frames = [], set()
+    try:
+        page.goto(urljoin(server, prefix + rel), wait_until="load")
+        page.wait_for_timeout(300)
+        state = page.evaluate(INTERACTIVE_STATE_JS, fig_id)
+        assert state is not None, f"{prefix}{rel}: no interactive figure in #{fig_id}"
+        assert state["controls"], "the slider is hidden although JavaScript runs"
+        assert state["img"]["complete"] and state["img"]["natural"] > 0, state["img"]
+        assert state["pageWidth"] <= state["viewWidth"] + 1, f"the page scrolls sideways: {state['pageWidth']}"
+        assert state["slider"]["w"] >= 150 and state["slider"]["h"] >= 24, f"slider too small to touch: {state['slider']}"
+        bad += _check_frame(state, compute)
+        frames.add(state["src"])
+        start = state["index"]
+        slider = page.locator(f"#{fig_id} input.klbook-interactive-slider")
+        # the keyboard: one step right, then to the end
+        slider.focus()
+        page.keyboard.press("ArrowRight")
+        page.wait_for_timeout(100)
+        state = page.evaluate(INTERACTIVE_STATE_JS, fig_id)
+        assert state["index"] == min(start + 1, state["max"]), state["index"]
+        bad += _check_frame(state, compute)
+        frames.add(state["src"])
+        page.keyboard.press("End")
+        page.wait_for_timeout(100)
+        state = page.evaluate(INTERACTIVE_STATE_JS, fig_id)
+        assert state["index"] == state["max"], state["index"]
+        bad += _check_frame(state, compute)
+        frames.add(state["src"])
+        # a tap (phone) or a click (laptop) near the left end of the track picks the first value
+        s = state["slider"]
+        slider.scroll_into_view_if_needed()
+        s = page.evaluate(INTERACTIVE_STATE_JS, fig_id)["slider"]
+        x, y = s["x"] + 4, s["y"] + s["h"] / 2
+        if viewport == PHONE:
+            page.touchscreen.tap(x, y)
+        else:
+            page.mouse.click(x, y)
+        page.wait_for_timeout(150)
+        state = page.evaluate(INTERACTIVE_STATE_JS, fig_id)
+        assert state["index"] == 0, f"a {'tap' if viewport == PHONE else 'click'} at the track's start left index {state['index']}"
+        bad += _check_frame(state, compute)
+        frames.add(state["src"])
+        assert png_info(_png_of_url(state["src"])).get("scale") == 2, "a frame without the 2x record"
+    finally:
+        page.close()
+    assert not errors, errors
+    assert len(frames) == 4, f"the figure did not change with the slider ({len(frames)} different frames of 4)"
+    assert not bad, f"{prefix}{rel} #{fig_id}:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("rel,fig_id,compute", INTERACTIVE, ids=[i[1] for i in INTERACTIVE])
+def test_an_interactive_figure_has_a_static_image_without_javascript(browser, server, rel, fig_id, compute):
+    """Without JavaScript the figure is its starting frame (an ordinary image) with that
+    frame's numbers, and no slider that does nothing."""
+    context = browser.new_context(java_script_enabled=False, viewport={"width": PHONE[0], "height": PHONE[1]})
+    page = context.new_page()
+    try:
+        page.goto(urljoin(server, rel), wait_until="load")
+        info = page.evaluate("""(id) => { const box = document.querySelector('#' + id + ' .klbook-interactive');
+          const img = box.querySelector('img'); const c = box.querySelector('.klbook-interactive-controls');
+          return {complete: img.complete, natural: img.naturalWidth, shown: img.getBoundingClientRect().width,
+                  sliderVisible: c.getBoundingClientRect().height > 0}; }""", fig_id)
+    finally:
+        context.close()
+    assert info["complete"] and info["natural"] > 0 and 100 < info["shown"] <= PHONE[0], info
+    assert not info["sliderVisible"], "a slider shows without JavaScript"
+    # a fresh parse: other checks strip <script> from the cached soup of the page
+    box = BeautifulSoup((HTML / rel).read_text(errors="replace"), "html.parser").select_one(f"#{fig_id} .klbook-interactive")
+    start = int(box["data-start"])
+    data = __import__("json").loads(box.select_one("script.klbook-interactive-data").string)
+    rows = [(tr.th.get_text(strip=True), [td.get_text(strip=True) for td in tr.find_all("td")])
+            for tr in box.select("table.klbook-interactive-readout tbody tr")]
+    state = {"index": start, "value": start, "values": data["values"], "labels": data["labels"],
+             "shown": data["labels"][start], "rows": rows, "alt": box.img["alt"]}
+    assert not _check_frame(state, compute)
+
+
+@pytest.mark.parametrize("src,dst", [("", "zh/"), ("zh/", "")], ids=["en-to-zh", "zh-to-en"])
+def test_the_language_switch_keeps_the_section(browser, server, src, dst):
+    """Switching the edition in the middle of a chapter opens the other edition at the same
+    section, not at the top (_static/klbook.js): the section the URL names, else the one at
+    the top of the window when the switch is used."""
+    rel = "chapters/04_estimating_kl.html"
+    if not (HTML / "zh" / rel).exists():
+        pytest.fail("the Chinese edition is not built")
+    ids = [s.get("id") for s in _article(rel).select("section[id]")]
+    assert len(ids) >= 4, ids
+    target = ids[3]
+    assert _soup("zh/" + rel).select_one(f"section#{target}") is not None, f"zh has no section #{target}"
+    # the reader arrives at a section by a link (the contents, search, a cross-reference),
+    # reads on, and switches the edition
+    page, errors = _open(browser, urljoin(server, src + rel + "#" + target), LAPTOP)
+    try:
+        page.evaluate("() => window.scrollBy(0, 40)")
+        page.wait_for_timeout(200)
+        page.click("a.klbook-lang-link")
+        page.wait_for_load_state("load")
+        page.wait_for_timeout(300)
+        url = page.url
+        top = page.evaluate(f"() => document.getElementById({target!r}).getBoundingClientRect().top")
+    finally:
+        page.close()
+    assert not errors, errors
+    assert url.endswith(f"{dst}{rel}#{target}"), url
+    assert abs(top) < 200, f"the section is not in view after the switch (top {top})"
+
+
+# ------------------------------------------------ equations that fit a phone (issue 38)
+# The issue's goal: at most 5 display equations of the book scroll sideways at 390 px and
+# at most 10 inline formulas become scroll boxes. Until the long displays of every chapter
+# are broken (aligned at their natural breaks), these allowances are a ratchet set to the
+# counts measured when they were last lowered; lower them as chapters are fixed.
+DISPLAY_OVERFLOW_ALLOWANCE = 43   # measured 2026-12-06 (issue 38: 57 before; goal 5)
+INLINE_SCROLL_ALLOWANCE = 63     # measured 2026-12-06 (goal 10)
+EQUATION_COUNT_JS = """
+() => {
+  const col = document.querySelector('article.bd-article');
+  let displays = 0, over = [], inline = 0, scroll = [];
+  for (const c of col.querySelectorAll('mjx-container[display="true"]')) {
+    if (!c.checkVisibility()) continue;
+    displays += 1;
+    if (c.scrollWidth > c.clientWidth + 1) {
+      const d = c.closest('div.math');
+      over.push(((d && d.id) || '') + ' +' + (c.scrollWidth - c.clientWidth) + 'px');
+    }
+  }
+  for (const c of col.querySelectorAll('mjx-container[jax="CHTML"]:not([display="true"])')) {
+    if (!c.checkVisibility()) continue;
+    inline += 1;
+    const ox = getComputedStyle(c).overflowX;
+    if ((ox === 'auto' || ox === 'scroll') && c.scrollWidth > c.clientWidth + 1) scroll.push(c.textContent.slice(0, 40));
+  }
+  return {displays, over, inline, scroll};
+}
+"""
+
+
+def test_count_equations_that_scroll_at_390px(browser, server, record_property):
+    """Counts, over every chapter, the display equations wider than the phone's column and
+    the inline formulas that scroll in a box of their own; fails above the allowances."""
+    totals = {"displays": 0, "over": [], "inline": 0, "scroll": []}
+    for rel in _chapter_pages():
+        page, errors = _open(browser, urljoin(server, rel), PHONE)
+        try:
+            page.wait_for_timeout(200)
+            info = page.evaluate(EQUATION_COUNT_JS)
+        finally:
+            page.close()
+        totals["displays"] += info["displays"]
+        totals["inline"] += info["inline"]
+        totals["over"] += [f"{rel}: {o}" for o in info["over"]]
+        totals["scroll"] += [f"{rel}: {s}" for s in info["scroll"]]
+    record_property("equations_390px", {k: len(v) if isinstance(v, list) else v for k, v in totals.items()})
+    print(f"\nat 390 px: {len(totals['over'])} of {totals['displays']} display equations overflow, "
+          f"{len(totals['scroll'])} of {totals['inline']} inline formulas scroll\n" + "\n".join(totals["over"])
+          + "\ninline:\n" + "\n".join(totals["scroll"]))
+    assert len(totals["over"]) <= DISPLAY_OVERFLOW_ALLOWANCE, "\n".join(totals["over"])
+    assert len(totals["scroll"]) <= INLINE_SCROLL_ALLOWANCE, "\n".join(totals["scroll"])

@@ -247,15 +247,21 @@ def test_glue_figure_glues_the_wide_rendering_and_a_stacked_one(monkeypatch):
     assert glue_figure("fig-99-demo", fig) is None
     assert [(n, d) for n, _, d in calls] == [("fig-99-demo", False), (phone_key("fig-99-demo"), False)]
     wide, phone = (base64.b64decode(obj._repr_png_()) for _, obj, _ in calls)
-    # the wide rendering has the pixels glue(name, fig) records: print_figure, bbox "tight"
-    assert np.array_equal(_decode(wide), _decode(print_figure(fig, "png", bbox_inches="tight")))
+    # the wide rendering has the pixels of glue(name, fig)'s PNG drawn at twice the dpi:
+    # print_figure, bbox "tight", dpi 2 x the figure's (the same layout, twice the pixels each way)
+    s = display.PNG_SCALE
+    assert s == 2
+    assert np.array_equal(_decode(wide), _decode(print_figure(fig, "png", bbox_inches="tight", dpi=s * fig.dpi)))
+    one_x = Image.open(io.BytesIO(print_figure(fig, "png", bbox_inches="tight"))).size
+    two_x = Image.open(io.BytesIO(wide)).size
+    assert all(abs(b - s * a) <= 2 for a, b in zip(one_x, two_x)), (one_x, two_x)
     assert repr(calls[0][1]) == repr(fig)
     info_w, info_p = png_info(wide), png_info(phone)
     assert info_w["rendering"] == "wide" and info_p["rendering"] == "phone"
-    assert info_w["dpi"] == fig.dpi and info_w["tick_pt"] == tick_fontsize_pt(fig)
-    # the phone PNG is about 4.8 in wide at the figure's dpi and 6.4 in tall (two 3.2 in panels)
+    assert info_w["dpi"] == s * fig.dpi and info_w["scale"] == s and info_w["tick_pt"] == tick_fontsize_pt(fig)
+    # the phone PNG is about 4.8 in wide at twice the figure's dpi and 6.4 in tall (two 3.2 in panels)
     w, h = Image.open(io.BytesIO(phone)).size
-    assert 0.85 * 4.8 * fig.dpi < w < 1.1 * 4.8 * fig.dpi and 1.2 * w < h < 6.5 * fig.dpi, (w, h)
+    assert 0.85 * 4.8 * s * fig.dpi < w < 1.1 * 4.8 * s * fig.dpi and 1.2 * w < h < 6.5 * s * fig.dpi, (w, h)
     assert plt.fignum_exists(fig.number) and len(plt.get_fignums()) == 1  # the copy is closed
 
 
@@ -294,6 +300,27 @@ def test_png_text_chunk_keeps_the_image_valid():
     assert png_info(marked) == {"dpi": 100} and np.array_equal(_decode(png), _decode(marked))
     with pytest.raises(ValueError, match="png"):
         png_info(b"GIF89a")
+    with pytest.raises(ValueError, match="scale"):
+        display._png_of(fig, 0.5)
+
+
+def test_the_book_extension_reads_the_scale_of_a_glued_png(tmp_path):
+    """_ext/klbook_reader.py gives a 2x PNG a CSS width of half its pixels, and leaves any
+    other PNG alone."""
+    import importlib.util
+    import sys as _sys
+
+    _sys.path.insert(0, str(ROOT / "_ext"))
+    spec = importlib.util.spec_from_file_location("klbook_reader_for_display", ROOT / "_ext" / "klbook_reader.py")
+    reader = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(reader)
+    fig, _ = _two_panels()
+    sharp, plain = tmp_path / "sharp.png", tmp_path / "plain.png"
+    sharp.write_bytes(display._annotated_png(fig, "wide"))
+    plain.write_bytes(display._png_of(fig))
+    width = Image.open(sharp).size[0]
+    assert reader.png_scale_and_width(sharp) == (2.0, width)
+    assert reader.png_scale_and_width(plain) is None and reader.png_scale_and_width(tmp_path / "none.png") is None
 
 
 def test_figure_style_sets_legible_defaults():
@@ -453,6 +480,11 @@ def test_a_built_page_shows_the_phone_rendering_in_a_picture(tmp_path):
     for key in ("fig-demo-single", "fig-demo-colorbar", "fig-demo-plain"):
         assert figures[key].find("source") is None and len(figures[key].find_all("img")) == 1
     assert png_info((html / figures["fig-demo-plain"].img["src"]).read_bytes()) == {}  # glue(): no record
+    # a glue_figure PNG is drawn at 2x and shown at half its pixel width; a glue() PNG as it is
+    wide_px = Image.open(io.BytesIO(wide_png)).size[0]
+    assert "klbook-hidpi" in img.get("class", []), img
+    assert f"{round(wide_px / 2)}px" in (img.get("style", "") + str(img.get("width", ""))) + "px", img
+    assert "klbook-hidpi" not in figures["fig-demo-plain"].img.get("class", [])
     # every image of the page is inside a figure: no glued rendering leaks as an output
     assert all(i.find_parent("figure") for i in soup.select("article img"))
 
