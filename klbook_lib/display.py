@@ -416,7 +416,7 @@ def _png_chunks(png: bytes):
         pos += 12 + length
 
 
-def _with_text(png: bytes, key: str, text: str) -> bytes:
+def png_with_text(png: bytes, key: str, text: str) -> bytes:
     """``png`` with a ``tEXt`` chunk ``key: text`` after its header (pixels unchanged)."""
     import struct
     import zlib
@@ -448,7 +448,9 @@ def png_info(png: bytes) -> dict:
     return {}
 
 
-def _annotated_png(fig, rendering: str, scale: float = PNG_SCALE) -> bytes:
+def annotated_png(fig, rendering: str, scale: float = PNG_SCALE) -> bytes:
+    """``fig`` as a PNG drawn at ``scale`` times its dpi, carrying (``png_info``) its dpi, scale,
+    ``rendering`` ("wide" or "phone") and smallest text size for the site's checks."""
     import json
 
     png = _png_of(fig, scale)
@@ -460,7 +462,7 @@ def _annotated_png(fig, rendering: str, scale: float = PNG_SCALE) -> bytes:
             "text_pt": text_fontsize_pt(fig),
             "width_in": round(width, 3), "height_in": round(height, 3),
             "panels": sum(1 for ax in fig.axes if ax.get_visible())}
-    return _with_text(png, PNG_TEXT_KEY, json.dumps(info, sort_keys=True))
+    return png_with_text(png, PNG_TEXT_KEY, json.dumps(info, sort_keys=True))
 
 
 class _RenderedFigure:
@@ -505,14 +507,14 @@ def glue_figure(name: str, fig: Any, *, phone: bool = True) -> None:
         raise ValueError(f"name: must not end with {PHONE_SUFFIX!r} (kept for the phone rendering), got {name!r}")
     if not isinstance(fig, Figure):
         raise ValueError(f"fig: expected a matplotlib Figure, got {type(fig).__name__}")
-    myst_nb.glue(name, _RenderedFigure(_annotated_png(fig, "wide"), repr(fig)), display=False)
+    myst_nb.glue(name, _RenderedFigure(annotated_png(fig, "wide"), repr(fig)), display=False)
     if not phone:
         return None
     small, _reason = phone_layout(fig)
     if small is None:
         return None
     try:
-        myst_nb.glue(phone_key(name), _RenderedFigure(_annotated_png(small, "phone"), repr(small)), display=False)
+        myst_nb.glue(phone_key(name), _RenderedFigure(annotated_png(small, "phone"), repr(small)), display=False)
     finally:
         _close(small)
     return None

@@ -139,7 +139,7 @@ def compact_png(png: bytes, colours: int = FRAME_COLOURS) -> bytes:
 
     from PIL import Image
 
-    from .display import PNG_TEXT_KEY, _with_text, png_info
+    from .display import PNG_TEXT_KEY, png_with_text, png_info
 
     if isinstance(colours, bool) or not isinstance(colours, int) or not 2 <= colours <= 256:
         raise ValueError(f"colours: expected an integer from 2 to 256, got {colours!r}")
@@ -149,7 +149,7 @@ def compact_png(png: bytes, colours: int = FRAME_COLOURS) -> bytes:
     image.quantize(colors=colours, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE).save(
         out, "PNG", optimize=True, dpi=image.info.get("dpi", (72, 72)))
     data = out.getvalue()
-    return _with_text(data, PNG_TEXT_KEY, json.dumps(info, sort_keys=True)) if info else data
+    return png_with_text(data, PNG_TEXT_KEY, json.dumps(info, sort_keys=True)) if info else data
 
 
 def _png_size(png: bytes) -> tuple[int, int]:
@@ -215,7 +215,7 @@ def glue_slider(name: str, values: Sequence[float], draw: Callable[[float], Any]
     from matplotlib.figure import Figure
     import matplotlib.pyplot as plt
 
-    from .display import _annotated_png, format_number
+    from .display import annotated_png, format_number
 
     if not isinstance(name, str) or not name.strip():
         raise ValueError(f"name: expected a non-empty glue key, got {name!r}")
@@ -233,7 +233,7 @@ def glue_slider(name: str, values: Sequence[float], draw: Callable[[float], Any]
         if not isinstance(fig, Figure):
             raise ValueError(f"draw: must return a matplotlib Figure, got {type(fig).__name__} for {v}")
         try:
-            frames.append(compact_png(_annotated_png(fig, "wide")))
+            frames.append(compact_png(annotated_png(fig, "wide")))
         finally:
             plt.close(fig)
         table = readout(v)

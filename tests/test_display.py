@@ -295,7 +295,7 @@ def test_png_text_chunk_keeps_the_image_valid():
     fig, _ = _two_panels()
     png = display._png_of(fig)
     assert png_info(png) == {}
-    marked = display._with_text(png, "klbook", '{"dpi": 100}')
+    marked = display.png_with_text(png, "klbook", '{"dpi": 100}')
     Image.open(io.BytesIO(marked)).verify()  # checks every chunk's CRC
     assert png_info(marked) == {"dpi": 100} and np.array_equal(_decode(png), _decode(marked))
     with pytest.raises(ValueError, match="png"):
@@ -316,7 +316,7 @@ def test_the_book_extension_reads_the_scale_of_a_glued_png(tmp_path):
     spec.loader.exec_module(reader)
     fig, _ = _two_panels()
     sharp, plain = tmp_path / "sharp.png", tmp_path / "plain.png"
-    sharp.write_bytes(display._annotated_png(fig, "wide"))
+    sharp.write_bytes(display.annotated_png(fig, "wide"))
     plain.write_bytes(display._png_of(fig))
     width = Image.open(sharp).size[0]
     assert reader.png_scale_and_width(sharp) == (2.0, width)

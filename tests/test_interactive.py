@@ -174,7 +174,7 @@ def test_compact_png_keeps_the_picture_and_its_record():
 
     fig = _draw(1.0)
     try:
-        full = display._annotated_png(fig, "wide")
+        full = display.annotated_png(fig, "wide")
     finally:
         plt.close(fig)
     small = interactive.compact_png(full)
