@@ -192,8 +192,10 @@ def test_clipped_surrogate_places_are_pinned():
 # (optimal._kl, shape.forward_kl_objective, vi._plogp_ratio, rlhf.overopt.bon_kl,
 # tasks.ppo_kl_project._exact_kl), and the common spellings a new one could take
 PLANTED_KL = {
-    "optimal.py": "def _kl(p, q):\n    mask = p > 0\n"
-                  "    return float(np.sum(p[mask] * (np.log(p[mask]) - np.log(q[mask]))))\n",
+    # (the mask renamed from ``mask`` to ``keep``: the original line is also a line of a reference
+    # solution, which `klbook release` refuses to copy into the students' release)
+    "optimal.py": "def _kl(p, q):\n    keep = p > 0\n"
+                  "    return float(np.sum(p[keep] * (np.log(p[keep]) - np.log(q[keep]))))\n",
     "shape.py": "def forward_kl_objective(pi, pi_ref, r, beta):\n    p, q = pi, pi_ref\n    s = q > 0\n"
                 "    return float(p @ r - beta * np.sum(q[s] * (np.log(q[s]) - np.log(p[s]))))\n",
     "vi.py": "def _plogp_ratio(q, log_target):\n    m = q > 0\n"
