@@ -40,21 +40,8 @@ __all__ = ["TRUNCATION_METHODS", "kept_tokens", "kept_mass", "truncated_token_lo
 TRUNCATION_METHODS = ("full", "full_is", "kept")
 
 
-def _check_space(space) -> seqkl.SequenceSpace:
-    if not isinstance(space, seqkl.SequenceSpace):
-        raise ValueError(f"space: expected a seqkl.SequenceSpace, got {type(space).__name__}")
-    return space
-
-
-def _check_table(name: str, logits, space: seqkl.SequenceSpace) -> torch.Tensor:
-    if not isinstance(logits, torch.Tensor):
-        raise ValueError(f"{name}: expected a torch.Tensor, got {type(logits).__name__}")
-    if tuple(logits.shape) != (space.n_prefixes, space.vocab_size):
-        raise ValueError(f"{name}: expected shape [{space.n_prefixes}, {space.vocab_size}], "
-                         f"got {list(logits.shape)}")
-    if not logits.dtype.is_floating_point or not bool(torch.isfinite(logits.detach()).all()):
-        raise ValueError(f"{name}: expected finite floating-point logits")
-    return logits
+# the checks of a sequence space and of a logits table are seqkl's
+_check_space, _check_table = seqkl.check_space, seqkl.check_logits
 
 
 def _check_keep(keep, space: seqkl.SequenceSpace) -> torch.Tensor:

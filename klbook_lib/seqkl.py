@@ -248,13 +248,16 @@ def _keys_of(tokens: torch.Tensor, mask: torch.Tensor, V: int) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------- checks
-def _check_space(space) -> SequenceSpace:
+def check_space(space) -> SequenceSpace:
+    """``space`` if it is a :class:`SequenceSpace`, else a ValueError naming the argument."""
     if not isinstance(space, SequenceSpace):
         raise ValueError(f"space: expected a SequenceSpace (see sequence_space), got {type(space).__name__}")
     return space
 
 
-def _check_logits(name: str, logits, space: SequenceSpace) -> torch.Tensor:
+def check_logits(name: str, logits, space: SequenceSpace) -> torch.Tensor:
+    """``logits`` if it is a finite floating-point table [n_prefixes, vocab_size] of ``space``,
+    else a ValueError naming the argument ``name`` and what was wrong."""
     if not isinstance(logits, torch.Tensor):
         raise ValueError(f"{name}: expected a torch.Tensor of shape [{space.n_prefixes}, "
                          f"{space.vocab_size}], got {type(logits).__name__}")
@@ -266,6 +269,9 @@ def _check_logits(name: str, logits, space: SequenceSpace) -> torch.Tensor:
     if not bool(torch.isfinite(logits.detach()).all()):
         raise ValueError(f"{name}: logits must be finite (every token has positive probability)")
     return logits
+
+
+_check_space, _check_logits = check_space, check_logits
 
 
 def _check_choice(name: str, value, choices: Sequence[str]) -> str:
