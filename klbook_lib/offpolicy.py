@@ -282,14 +282,7 @@ def correction_weights(space: seqkl.SequenceSpace, learner_logits: torch.Tensor,
     return torch.where(mask, c, torch.zeros_like(c))
 
 
-def _check_advantage(space: seqkl.SequenceSpace, advantage) -> torch.Tensor:
-    a = torch.as_tensor(advantage, dtype=torch.float64)
-    if tuple(a.shape) != (space.n_sequences,):
-        raise ValueError(f"advantage: expected one value per sequence, shape [{space.n_sequences}], "
-                         f"got {list(a.shape)}")
-    if not bool(torch.isfinite(a).all()):
-        raise ValueError("advantage: every value must be finite")
-    return a
+_check_advantage = seqkl.check_advantage
 
 
 def _pg_gradient(space, logits, sampler_logits, advantage, correction, threshold, weight_of_sequence):

@@ -54,14 +54,7 @@ def _check_keep(keep, space: seqkl.SequenceSpace) -> torch.Tensor:
     return keep
 
 
-def _check_advantage(space: seqkl.SequenceSpace, advantage) -> torch.Tensor:
-    a = torch.as_tensor(advantage, dtype=torch.float64)
-    if tuple(a.shape) != (space.n_sequences,):
-        raise ValueError(f"advantage: expected one value per sequence, shape [{space.n_sequences}], "
-                         f"got {list(a.shape)}")
-    if not bool(torch.isfinite(a).all()):
-        raise ValueError("advantage: every value must be finite")
-    return a
+_check_advantage = seqkl.check_advantage
 
 
 def _leaf(x: torch.Tensor) -> torch.Tensor:

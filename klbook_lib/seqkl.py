@@ -274,6 +274,18 @@ def check_logits(name: str, logits, space: SequenceSpace) -> torch.Tensor:
 _check_space, _check_logits = check_space, check_logits
 
 
+def check_advantage(space: SequenceSpace, advantage) -> torch.Tensor:
+    """``advantage`` as a float64 tensor with one finite value per sequence of ``space``, else a
+    ValueError naming the argument."""
+    a = torch.as_tensor(advantage, dtype=torch.float64)
+    if tuple(a.shape) != (space.n_sequences,):
+        raise ValueError(f"advantage: expected one value per sequence, shape [{space.n_sequences}], "
+                         f"got {list(a.shape)}")
+    if not bool(torch.isfinite(a).all()):
+        raise ValueError("advantage: every value must be finite")
+    return a
+
+
 def _check_choice(name: str, value, choices: Sequence[str]) -> str:
     if value not in choices:
         raise ValueError(f"{name}: must be one of {tuple(choices)}, got {value!r}")
